@@ -1,0 +1,196 @@
+//! What `#[distributed_lock(...)]` accepts.
+
+use std::time::Duration;
+
+use proc_macro2::Span;
+use syn::meta::ParseNestedMeta;
+use syn::{Expr, ExprLit, Lit, LitStr, Path};
+
+const OPTIONS: &str = "key, lease, wait, on_lost, crate";
+
+/// The attribute's options, validated.
+pub(crate) struct Args {
+    pub(crate) key: LitStr,
+    pub(crate) lease: Option<Duration>,
+    pub(crate) wait: Option<Duration>,
+    pub(crate) on_lost_continue: bool,
+    pub(crate) krate: Option<Path>,
+}
+
+#[derive(Default)]
+struct Builder {
+    key: Option<LitStr>,
+    lease: Option<Duration>,
+    wait: Option<Duration>,
+    on_lost: Option<bool>,
+    krate: Option<Path>,
+}
+
+impl Args {
+    pub(crate) fn parse(tokens: proc_macro2::TokenStream) -> syn::Result<Args> {
+        let mut b = Builder::default();
+        let parser = syn::meta::parser(|meta| b.option(meta));
+        syn::parse::Parser::parse2(parser, tokens)?;
+        let Some(key) = b.key else {
+            return Err(syn::Error::new(
+                Span::call_site(),
+                "missing `key`: write `#[distributed_lock(key = \"order:{id}\")]`",
+            ));
+        };
+        Ok(Args {
+            key,
+            lease: b.lease,
+            wait: b.wait,
+            on_lost_continue: b.on_lost.unwrap_or(false),
+            krate: b.krate,
+        })
+    }
+}
+
+/// The string value of `name = "..."`.
+fn string(meta: &ParseNestedMeta, name: &str, example: &str) -> syn::Result<LitStr> {
+    let expr: Expr = meta.value()?.parse()?;
+    match expr {
+        Expr::Lit(ExprLit {
+            lit: Lit::Str(s), ..
+        }) => Ok(s),
+        other => Err(syn::Error::new_spanned(
+            other,
+            format!("`{name}` takes a string literal, e.g. `{name} = {example}`"),
+        )),
+    }
+}
+
+fn duration(lit: &LitStr, name: &str, allow_zero: bool) -> syn::Result<Duration> {
+    let d = humantime::parse_duration(&lit.value()).map_err(|e| {
+        syn::Error::new(
+            lit.span(),
+            format!("`{name}` is not a duration ({e}); write e.g. \"500ms\", \"30s\" or \"2m\""),
+        )
+    })?;
+    if d.is_zero() && !allow_zero {
+        return Err(syn::Error::new(
+            lit.span(),
+            format!("`{name}` must be longer than zero; a zero lease would expire at once"),
+        ));
+    }
+    if !d.is_zero() && d < Duration::from_millis(1) {
+        return Err(syn::Error::new(
+            lit.span(),
+            format!("`{name}` is below Redis' 1 ms resolution; use at least \"1ms\""),
+        ));
+    }
+    Ok(d)
+}
+
+fn once<T>(slot: &mut Option<T>, meta: &ParseNestedMeta, name: &str, value: T) -> syn::Result<()> {
+    if slot.is_some() {
+        return Err(meta.error(format!("`{name}` is given twice; keep one")));
+    }
+    *slot = Some(value);
+    Ok(())
+}
+
+impl Builder {
+    fn option(&mut self, meta: ParseNestedMeta) -> syn::Result<()> {
+        let name = match meta.path.get_ident() {
+            Some(id) => id.to_string(),
+            // `crate` is a keyword: not an ident.
+            None if meta.path.is_ident("crate") || meta.path.segments.len() == 1 => {
+                meta.path.segments[0].ident.to_string()
+            }
+            None => String::new(),
+        };
+        match name.as_str() {
+            "key" => {
+                let v = string(&meta, "key", "\"order:{id}\"")?;
+                once(&mut self.key, &meta, "key", v)
+            }
+            "lease" => {
+                let lit = string(&meta, "lease", "\"30s\"")?;
+                let d = duration(&lit, "lease", false)?;
+                once(&mut self.lease, &meta, "lease", d)
+            }
+            "wait" => {
+                let lit = string(&meta, "wait", "\"5s\"")?;
+                let d = duration(&lit, "wait", true)?;
+                once(&mut self.wait, &meta, "wait", d)
+            }
+            "on_lost" => {
+                let lit = string(&meta, "on_lost", "\"abort\"")?;
+                let cont = match lit.value().as_str() {
+                    "abort" => false,
+                    "continue" => true,
+                    other => {
+                        return Err(syn::Error::new(
+                            lit.span(),
+                            format!("`on_lost = \"{other}\"` is not an option; write \"abort\" (stop the body) or \"continue\" (log and finish)"),
+                        ))
+                    }
+                };
+                once(&mut self.on_lost, &meta, "on_lost", cont)
+            }
+            "crate" => {
+                let lit = string(&meta, "crate", "\"lock_runtime\"")?;
+                let path: Path = lit.parse().map_err(|_| {
+                    syn::Error::new(
+                        lit.span(),
+                        format!("`crate = \"{}\"` is not a path; write the name the runtime is imported as, e.g. \"my_locks\"", lit.value()),
+                    )
+                })?;
+                once(&mut self.krate, &meta, "crate", path)
+            }
+            _ => Err(syn::Error::new_spanned(
+                &meta.path,
+                format!(
+                    "unknown option `{}`; valid options: {OPTIONS}",
+                    path_text(&meta.path)
+                ),
+            )),
+        }
+    }
+}
+
+fn path_text(p: &Path) -> String {
+    p.segments
+        .iter()
+        .map(|s| s.ident.to_string())
+        .collect::<Vec<_>>()
+        .join("::")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quote::quote;
+
+    #[test]
+    fn parses_all_options() {
+        let a = Args::parse(quote!(
+            key = "k:{id}",
+            lease = "30s",
+            wait = "0s",
+            on_lost = "continue",
+            crate = "my_locks"
+        ))
+        .unwrap();
+        assert_eq!(a.key.value(), "k:{id}");
+        assert_eq!(a.lease, Some(Duration::from_secs(30)));
+        assert_eq!(a.wait, Some(Duration::ZERO));
+        assert!(a.on_lost_continue);
+        assert!(a.krate.is_some());
+    }
+
+    #[test]
+    fn rejects_bad_input() {
+        let e = |t| Args::parse(t).err().unwrap().to_string();
+        assert!(e(quote!(lease = "1s")).contains("missing `key`"));
+        assert!(e(quote!(key = "k", lease = "0s")).contains("longer than zero"));
+        assert!(e(quote!(key = "k", lease = "soon")).contains("not a duration"));
+        assert!(e(quote!(key = "k", lease = "10us")).contains("1 ms"));
+        assert!(e(quote!(key = "k", on_lost = "retry")).contains("\"abort\""));
+        assert!(e(quote!(key = "k", ttl = "1s")).contains("valid options: key, lease"));
+        assert!(e(quote!(key = "k", key = "j")).contains("twice"));
+        assert!(e(quote!(key = 5)).contains("string literal"));
+    }
+}

@@ -1,0 +1,187 @@
+//! What an annotated fn turns into: the key built from the arguments, then
+//! the original body as a future handed to the runtime.
+
+use std::collections::BTreeSet;
+
+use proc_macro2::{Span, TokenStream};
+use quote::{quote, quote_spanned, ToTokens};
+use syn::spanned::Spanned;
+use syn::visit::Visit;
+use syn::{FnArg, ItemFn, ReturnType, Type};
+
+use crate::attr::Args;
+use crate::key_template::{span_of, KeyTemplate};
+
+pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
+    let sig = &func.sig;
+    if let Some(c) = &sig.constness {
+        return Err(syn::Error::new_spanned(
+            c,
+            "`#[distributed_lock]` cannot go on a `const fn`",
+        ));
+    }
+    if sig.asyncness.is_none() {
+        return Err(syn::Error::new_spanned(
+            sig.fn_token,
+            "`#[distributed_lock]` needs an `async fn`: the lock is awaited; write `async fn`",
+        ));
+    }
+    let ret = match &sig.output {
+        ReturnType::Type(_, ty) if is_result(ty) => ty,
+        ReturnType::Type(_, ty) => {
+            return Err(syn::Error::new_spanned(
+                ty,
+                "a `#[distributed_lock]` fn must return `Result<T, E>` with `E: From<lock_runtime::LockError>`, so a busy or lost lock can be reported",
+            ))
+        }
+        ReturnType::Default => {
+            return Err(syn::Error::new_spanned(
+                &sig.ident,
+                "a `#[distributed_lock]` fn must return `Result<T, E>` with `E: From<lock_runtime::LockError>`; add `-> Result<(), YourError>`",
+            ))
+        }
+    };
+
+    let template = KeyTemplate::parse(&args.key.value())
+        .map_err(|e| syn::Error::new(span_of(&args.key, e.range), e.message))?;
+    check_placeholders(&args, &template, &func)?;
+
+    let krate = args
+        .krate
+        .as_ref()
+        .map(ToTokens::to_token_stream)
+        .unwrap_or_else(|| quote!(::lock_runtime));
+    let key_span = args.key.span();
+    let format = syn::LitStr::new(&template.format, key_span);
+    let key_args = template.args(key_span);
+    let millis = |d: Option<std::time::Duration>| match d {
+        // Sub-millisecond waits round up: "try once" stays zero.
+        Some(d) => {
+            let ms = d.as_micros().div_ceil(1000) as u64;
+            quote!(::core::option::Option::Some(#krate::__private::Duration::from_millis(#ms)))
+        }
+        None => quote!(::core::option::Option::None),
+    };
+    let lease = millis(args.lease);
+    let wait = millis(args.wait);
+    let on_lost = if args.on_lost_continue {
+        quote!(#krate::__private::OnLost::Continue)
+    } else {
+        quote!(#krate::__private::OnLost::Abort)
+    };
+    // Name the return type so the body type-checks against the signature;
+    // `impl Trait` cannot be named in a turbofish, so infer it then.
+    let ret_ty = if mentions_impl_trait(ret) {
+        quote!(_)
+    } else {
+        quote!(#ret)
+    };
+    let key_var = syn::Ident::new("__lock_key", Span::mixed_site());
+    let block = &func.block;
+    // Glue code carries the return type's span: a wrong error type is
+    // reported once, there.
+    let body = quote_spanned! {ret.span()=>
+        let #key_var = #krate::__private::format!(#format #(, #key_args)*);
+        #krate::__private::locked::<#ret_ty, _>(
+            #key_var,
+            #krate::__private::Options {
+                lease: #lease,
+                wait: #wait,
+                on_lost: #on_lost,
+            },
+            <#ret_ty as #krate::__private::LockResult>::from_lock_error,
+            async move #block,
+        )
+        .await
+    };
+    let ItemFn {
+        attrs, vis, sig, ..
+    } = func;
+    Ok(quote! {
+        #(#attrs)*
+        #[allow(clippy::used_underscore_binding, clippy::let_and_return)]
+        #vis #sig {
+            #body
+        }
+    })
+}
+
+fn is_result(ty: &Type) -> bool {
+    match ty {
+        Type::Path(p) => p.path.segments.last().is_some_and(|s| s.ident == "Result"),
+        Type::Group(g) => is_result(&g.elem),
+        Type::Paren(p) => is_result(&p.elem),
+        _ => false,
+    }
+}
+
+fn mentions_impl_trait(ty: &Type) -> bool {
+    struct Finder(bool);
+    impl<'a> Visit<'a> for Finder {
+        fn visit_type_impl_trait(&mut self, _: &'a syn::TypeImplTrait) {
+            self.0 = true;
+        }
+    }
+    let mut f = Finder(false);
+    f.visit_type(ty);
+    f.0
+}
+
+/// Names the fn binds: parameters (through destructuring) and `self`.
+fn bindings(func: &ItemFn) -> BTreeSet<String> {
+    struct Binder(BTreeSet<String>);
+    impl<'a> Visit<'a> for Binder {
+        fn visit_pat_ident(&mut self, p: &'a syn::PatIdent) {
+            self.0.insert(p.ident.to_string());
+            syn::visit::visit_pat_ident(self, p);
+        }
+        // Types and expressions inside patterns bind nothing.
+        fn visit_type(&mut self, _: &'a Type) {}
+        fn visit_expr(&mut self, _: &'a syn::Expr) {}
+    }
+    let mut b = Binder(BTreeSet::new());
+    for input in &func.sig.inputs {
+        match input {
+            FnArg::Receiver(_) => {
+                b.0.insert("self".into());
+            }
+            FnArg::Typed(t) => b.visit_pat(&t.pat),
+        }
+    }
+    b.0
+}
+
+fn check_placeholders(args: &Args, template: &KeyTemplate, func: &ItemFn) -> syn::Result<()> {
+    let names = bindings(func);
+    for p in &template.placeholders {
+        let head = &p.path[0];
+        if names.contains(head) {
+            continue;
+        }
+        let span = span_of(&args.key, p.range);
+        let shown = p.path.join(".");
+        let message = if head == "self" {
+            format!("`{{{shown}}}` uses `self`, but `{}` is not a method; take the value as a parameter", func.sig.ident)
+        } else {
+            let params: Vec<&str> = names
+                .iter()
+                .map(String::as_str)
+                .filter(|n| *n != "_")
+                .collect();
+            if params.is_empty() {
+                format!(
+                    "`{{{shown}}}`: `{}` has no parameters to build the key from",
+                    func.sig.ident
+                )
+            } else {
+                format!(
+                    "`{{{shown}}}` is not a parameter of `{}`; the key can use: {}",
+                    func.sig.ident,
+                    params.join(", ")
+                )
+            }
+        };
+        return Err(syn::Error::new(span, message));
+    }
+    Ok(())
+}

@@ -1,0 +1,55 @@
+//! The `#[distributed_lock]` attribute. Depend on `lock-runtime`, which
+//! re-exports it; this crate only turns the attribute into a call into
+//! `lock_runtime::__private`.
+
+use proc_macro::TokenStream;
+
+mod attr;
+mod expand;
+mod key_template;
+
+/// Run an async fn's body under a distributed lock.
+///
+/// ```ignore
+/// #[distributed_lock(key = "order:{id}", lease = "30s", wait = "5s")]
+/// async fn pay(id: u64) -> Result<Receipt, AppError> { /* ... */ }
+/// ```
+///
+/// - `key` (required): a template; `{name}` is a parameter, `{name.field}` a
+///   field of one, `{self.field}` a field of the receiver, each formatted
+///   with `Display`; `{{` and `}}` are literal braces.
+/// - `lease`: Redis TTL, renewed every lease/3 while the body runs. Default:
+///   the client's (30 s).
+/// - `wait`: how long to wait for a busy lock before `Err(Timeout)`; `"0s"`
+///   tries once. Default: the client's (0 s).
+/// - `on_lost`: `"abort"` (default) drops the body and returns `Err(Lost)`
+///   when the lock is lost; `"continue"` lets it finish and logs the loss.
+/// - `crate`: path of the runtime crate if it is renamed.
+///
+/// The fn must be `async` and return `Result<T, E>` with
+/// `E: From<LockError>`. Nested annotated calls in the same task on a held
+/// key re-enter; the lock is released on every exit.
+#[proc_macro_attribute]
+pub fn distributed_lock(args: TokenStream, item: TokenStream) -> TokenStream {
+    let original: proc_macro2::TokenStream = item.clone().into();
+    let result = syn::parse::<syn::ItemFn>(item)
+        .map_err(|e| {
+            syn::Error::new(
+                e.span(),
+                "`#[distributed_lock]` goes on an `async fn` with a body",
+            )
+        })
+        .and_then(|func| {
+            let args = attr::Args::parse(args.into())?;
+            expand::expand(args, func)
+        });
+    match result {
+        Ok(tokens) => tokens.into(),
+        // Keep the fn so the rest of the crate (and the IDE) still sees it;
+        // the one error is the attribute's.
+        Err(e) => {
+            let err = e.to_compile_error();
+            quote::quote!(#err #original).into()
+        }
+    }
+}

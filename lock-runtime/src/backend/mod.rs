@@ -1,0 +1,80 @@
+//! The seam between the lock protocol (client, watchdog, guards) and where
+//! locks live. Each backend speaks the same four verbs.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::key::LockName;
+use crate::wakeups::Waiter;
+use crate::LockError;
+
+pub(crate) mod memory;
+pub(crate) mod redis;
+
+pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// Outcome of one acquire attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Acquired {
+    /// Taken fresh; the fence counter was incremented.
+    Fresh { fence: u64 },
+    /// This owner already held it; the reentry count went up.
+    Reentered { fence: u64 },
+    /// Held by someone else for about `ttl` more (None: unknown).
+    Busy { ttl: Option<Duration> },
+}
+
+/// Outcome of one release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Released {
+    /// The last hold ended; the lock is gone and waiters were woken.
+    Freed,
+    /// An outer hold of the same owner remains.
+    StillHeld,
+    /// The lock was not ours any more (expired or deleted).
+    NotOwner,
+}
+
+/// One lock for the watchdog to extend.
+#[derive(Debug, Clone)]
+pub(crate) struct Renewal {
+    pub(crate) name: LockName,
+    pub(crate) owner: Arc<str>,
+    pub(crate) lease: Duration,
+}
+
+/// Outcome of renewing one lock.
+#[derive(Debug)]
+pub(crate) enum Renewed {
+    Yes,
+    /// Redis says the lock is no longer ours: lost now.
+    NotOwner,
+    /// No verdict (network, timeout): lost only once the lease runs out.
+    Failed(LockError),
+}
+
+/// Where locks live. Futures are `'static` so the client can run them on its
+/// own I/O runtime, where they finish even if the caller goes away.
+pub(crate) trait Backend: Send + Sync + 'static {
+    fn acquire(
+        &self,
+        name: &LockName,
+        owner: &Arc<str>,
+        lease: Duration,
+    ) -> BoxFuture<Result<Acquired, LockError>>;
+
+    fn release(&self, name: &LockName, owner: &Arc<str>) -> BoxFuture<Result<Released, LockError>>;
+
+    /// Renew a batch in as few round trips as the backend allows; one
+    /// outcome per item, in order.
+    fn renew(&self, batch: Vec<Renewal>) -> BoxFuture<Vec<Renewed>>;
+
+    /// Start listening for the lock's release. The returned waiter is
+    /// subscribed before this resolves, so a release after it is not missed.
+    fn subscribe(&self, name: &LockName) -> BoxFuture<Result<Waiter, LockError>>;
+
+    /// Tasks of this client waiting for the lock's release.
+    fn waiting(&self, name: &LockName) -> usize;
+}

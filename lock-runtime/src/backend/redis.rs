@@ -1,0 +1,421 @@
+//! One Redis server: the lock scripts over a connection manager, and the
+//! release wake-ups over a RESP3 subscription.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{Cmd, FromRedisValue, Pipeline, ProtocolVersion, PushInfo, PushKind, Value};
+use tokio::runtime::Handle;
+
+use super::{Acquired, Backend, BoxFuture, Released, Renewal, Renewed};
+use crate::key::LockName;
+use crate::scripts::{self, Script};
+use crate::wakeups::{Waiter, Wakeups};
+use crate::LockError;
+
+/// Renewals per EVALSHA: keeps one script call short enough not to stall
+/// Redis while still sending a whole tick in one pipelined round trip.
+const RENEW_CHUNK: usize = 500;
+
+/// How a client talks to each Redis server.
+#[derive(Debug, Clone)]
+pub(crate) struct NodeSettings {
+    pub(crate) op_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
+}
+
+/// A connection to one Redis server that runs the lock scripts.
+#[derive(Clone)]
+pub(crate) struct RedisNode {
+    conn: ConnectionManager,
+    pub(crate) addr: Arc<str>,
+    settings: NodeSettings,
+}
+
+fn open(url: &str) -> Result<redis::Client, LockError> {
+    redis::Client::open(url).map_err(|e| LockError::Config(format!("bad Redis URL `{url}`: {e}")))
+}
+
+impl RedisNode {
+    /// Connect, check the server answers, and load the scripts. Must run on
+    /// the client's I/O runtime: reconnects are spawned where it was made.
+    pub(crate) async fn connect(url: &str, settings: NodeSettings) -> Result<Self, LockError> {
+        let client = open(url)?;
+        let addr: Arc<str> = client.get_connection_info().addr().to_string().into();
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(settings.connect_timeout))
+            .set_response_timeout(Some(settings.op_timeout))
+            .set_number_of_retries(2)
+            .set_min_delay(Duration::from_millis(50))
+            .set_max_delay(Duration::from_millis(500));
+        let budget = settings.connect_timeout + settings.op_timeout;
+        let conn = tokio::time::timeout(
+            budget,
+            ConnectionManager::new_with_config(client.clone(), config),
+        )
+        .await
+        .map_err(|_| LockError::timed_out(format!("connecting to Redis at {addr}"), budget))?
+        .map_err(|e| LockError::redis(format!("connecting to Redis at {addr}"), e))?;
+        let node = RedisNode {
+            conn,
+            addr,
+            settings,
+        };
+        node.load_scripts().await?;
+        Ok(node)
+    }
+
+    async fn load_scripts(&self) -> Result<(), LockError> {
+        let mut pipe = Pipeline::new();
+        for s in scripts::ALL {
+            pipe.add_command(s.load());
+        }
+        self.query::<Vec<String>>(pipe_cmd(pipe), "loading lock scripts")
+            .await?;
+        Ok(())
+    }
+
+    async fn query<T: FromRedisValue>(&self, q: Query, what: &str) -> Result<T, LockError> {
+        let mut conn = self.conn.clone();
+        let fut = async {
+            match &q {
+                Query::Cmd(c) => c.query_async::<T>(&mut conn).await,
+                Query::Pipe(p) => p.query_async::<T>(&mut conn).await,
+            }
+        };
+        match tokio::time::timeout(self.settings.op_timeout, fut).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(LockError::redis(
+                format!("{what} on Redis at {}", self.addr),
+                e,
+            )),
+            Err(_) => Err(LockError::timed_out(
+                format!("{what} on Redis at {}", self.addr),
+                self.settings.op_timeout,
+            )),
+        }
+    }
+
+    /// EVALSHA, loading the script once if Redis lost it.
+    async fn eval<T: FromRedisValue>(
+        &self,
+        script: &Script,
+        keys: &[&str],
+        args: &[&str],
+    ) -> Result<T, LockError> {
+        let what = script.name;
+        match self
+            .query(Query::Cmd(script.evalsha(keys, args)), what)
+            .await
+        {
+            Err(LockError::Backend(crate::error::BackendError::Redis { source, .. }))
+                if scripts::is_noscript(&source) =>
+            {
+                self.query::<String>(Query::Cmd(script.load()), "loading lock script")
+                    .await?;
+                self.query(Query::Cmd(script.evalsha(keys, args)), what)
+                    .await
+            }
+            other => other,
+        }
+    }
+
+    pub(crate) async fn acquire(
+        &self,
+        name: &LockName,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<Acquired, LockError> {
+        let lease_ms = millis(lease).to_string();
+        let (flag, n): (i64, i64) = self
+            .eval(
+                &scripts::ACQUIRE,
+                &[&name.hash, &name.fence],
+                &[owner, &lease_ms],
+            )
+            .await?;
+        Ok(match flag {
+            1 => Acquired::Fresh { fence: n as u64 },
+            2 => Acquired::Reentered { fence: n as u64 },
+            _ => Acquired::Busy {
+                ttl: (n > 0).then(|| Duration::from_millis(n as u64)),
+            },
+        })
+    }
+
+    pub(crate) async fn release(
+        &self,
+        name: &LockName,
+        owner: &str,
+    ) -> Result<Released, LockError> {
+        let left: i64 = self
+            .eval(&scripts::RELEASE, &[&name.hash], &[owner, &name.channel])
+            .await?;
+        Ok(match left {
+            0 => Released::Freed,
+            n if n > 0 => Released::StillHeld,
+            _ => Released::NotOwner,
+        })
+    }
+
+    /// Raise the fence counter to at least `fence` (Redlock).
+    #[allow(dead_code)] // used by the Redlock backend
+    pub(crate) async fn raise_fence(&self, name: &LockName, fence: u64) -> Result<(), LockError> {
+        let fence = fence.to_string();
+        let _: i64 = self
+            .eval(&scripts::RAISE_FENCE, &[&name.fence], &[&fence])
+            .await?;
+        Ok(())
+    }
+
+    /// Renew a batch in one pipelined round trip.
+    pub(crate) async fn renew(&self, batch: &[Renewal]) -> Vec<Renewed> {
+        match self.renew_once(batch).await {
+            Err(LockError::Backend(crate::error::BackendError::Redis { source, .. }))
+                if scripts::is_noscript(&source) =>
+            {
+                match self
+                    .query::<String>(Query::Cmd(scripts::RENEW.load()), "loading lock script")
+                    .await
+                {
+                    Ok(_) => self.renew_once(batch).await,
+                    Err(e) => Err(e),
+                }
+            }
+            other => other,
+        }
+        .unwrap_or_else(|e| {
+            let msg = e.to_string();
+            batch
+                .iter()
+                .map(|_| Renewed::Failed(LockError::other(msg.clone())))
+                .collect()
+        })
+    }
+
+    async fn renew_once(&self, batch: &[Renewal]) -> Result<Vec<Renewed>, LockError> {
+        let mut pipe = Pipeline::new();
+        for chunk in batch.chunks(RENEW_CHUNK) {
+            let keys: Vec<&str> = chunk.iter().map(|r| &*r.name.hash).collect();
+            let leases: Vec<String> = chunk.iter().map(|r| millis(r.lease).to_string()).collect();
+            let mut args: Vec<&str> = Vec::with_capacity(chunk.len() * 2);
+            for (r, l) in chunk.iter().zip(&leases) {
+                args.push(&r.owner);
+                args.push(l);
+            }
+            pipe.add_command(scripts::RENEW.evalsha(&keys, &args));
+        }
+        let flags: Vec<Vec<i64>> = self.query(pipe_cmd(pipe), "renewing locks").await?;
+        Ok(flags
+            .into_iter()
+            .flatten()
+            .map(|f| {
+                if f == 1 {
+                    Renewed::Yes
+                } else {
+                    Renewed::NotOwner
+                }
+            })
+            .collect())
+    }
+}
+
+enum Query {
+    Cmd(Cmd),
+    Pipe(Pipeline),
+}
+
+fn pipe_cmd(p: Pipeline) -> Query {
+    Query::Pipe(p)
+}
+
+pub(crate) fn millis(d: Duration) -> u64 {
+    (d.as_millis() as u64).max(1)
+}
+
+/// Release wake-ups from one Redis server, one subscription per waited-on
+/// lock, shared by all waiters of the client.
+pub(crate) struct Subscriber {
+    inner: Arc<SubInner>,
+}
+
+struct SubInner {
+    client: redis::Client,
+    settings: NodeSettings,
+    wakeups: Arc<Wakeups>,
+    conn: tokio::sync::OnceCell<ConnectionManager>,
+    /// Orders SUBSCRIBE/UNSUBSCRIBE so a late UNSUBSCRIBE never undoes a
+    /// newer SUBSCRIBE of the same channel.
+    gate: tokio::sync::Mutex<()>,
+    io: Handle,
+}
+
+impl Subscriber {
+    pub(crate) fn new(url: &str, settings: NodeSettings, io: Handle) -> Result<Self, LockError> {
+        let client = open(url)?;
+        let info = client.get_connection_info().clone();
+        let resp3 = info
+            .redis_settings()
+            .clone()
+            .set_protocol(ProtocolVersion::RESP3);
+        let client = redis::Client::open(info.set_redis_settings(resp3))
+            .map_err(|e| LockError::Config(format!("bad Redis URL `{url}`: {e}")))?;
+        let inner = Arc::new_cyclic(|weak: &Weak<SubInner>| {
+            let weak = weak.clone();
+            let on_idle: crate::wakeups::OnIdle = Arc::new(move |channel: Arc<str>| {
+                if let Some(inner) = weak.upgrade() {
+                    let io = inner.io.clone();
+                    io.spawn(async move { inner.unsubscribe(channel).await });
+                }
+            });
+            SubInner {
+                client,
+                settings,
+                wakeups: Arc::new(Wakeups::new(Some(on_idle))),
+                conn: tokio::sync::OnceCell::new(),
+                gate: tokio::sync::Mutex::new(()),
+                io,
+            }
+        });
+        Ok(Subscriber { inner })
+    }
+
+    pub(crate) fn waiting(&self, channel: &str) -> usize {
+        self.inner.wakeups.waiters(channel)
+    }
+
+    /// Subscribe (if this client does not yet listen) and return a waiter.
+    pub(crate) fn subscribe(&self, channel: &Arc<str>) -> BoxFuture<Result<Waiter, LockError>> {
+        let inner = self.inner.clone();
+        let (waiter, needs) = inner.wakeups.join(channel);
+        let channel = channel.clone();
+        Box::pin(async move {
+            if needs {
+                inner.subscribe(&channel).await?;
+            }
+            Ok(waiter)
+        })
+    }
+}
+
+impl SubInner {
+    async fn conn(&self) -> Result<ConnectionManager, LockError> {
+        let wakeups = self.wakeups.clone();
+        self.conn
+            .get_or_try_init(|| async {
+                let push = move |info: PushInfo| {
+                    match info.kind {
+                        PushKind::Message => {
+                            if let Some(Value::BulkString(ch)) = info.data.first() {
+                                if let Ok(ch) = std::str::from_utf8(ch) {
+                                    wakeups.notify(ch);
+                                }
+                            }
+                        }
+                        // Messages may have been missed: let every waiter retry.
+                        PushKind::Disconnection => wakeups.notify_all(),
+                        _ => {}
+                    }
+                    Ok::<(), ()>(())
+                };
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(self.settings.connect_timeout))
+                    .set_response_timeout(Some(self.settings.op_timeout))
+                    .set_number_of_retries(2)
+                    .set_min_delay(Duration::from_millis(50))
+                    .set_max_delay(Duration::from_millis(500))
+                    .set_push_sender(push)
+                    .set_automatic_resubscription();
+                let addr = self.client.get_connection_info().addr().to_string();
+                let budget = self.settings.connect_timeout + self.settings.op_timeout;
+                tokio::time::timeout(
+                    budget,
+                    ConnectionManager::new_with_config(self.client.clone(), config),
+                )
+                .await
+                .map_err(|_| {
+                    LockError::timed_out(format!("subscribing on Redis at {addr}"), budget)
+                })?
+                .map_err(|e| LockError::redis(format!("subscribing on Redis at {addr}"), e))
+            })
+            .await
+            .cloned()
+    }
+
+    async fn subscribe(&self, channel: &Arc<str>) -> Result<(), LockError> {
+        let mut conn = self.conn().await?;
+        let _gate = self.gate.lock().await;
+        let fut = conn.subscribe(&**channel);
+        match tokio::time::timeout(self.settings.op_timeout, fut).await {
+            Ok(Ok(())) => {
+                self.wakeups.mark_ready(channel);
+                Ok(())
+            }
+            Ok(Err(e)) => Err(LockError::redis("subscribing to lock releases", e)),
+            Err(_) => Err(LockError::timed_out(
+                "subscribing to lock releases",
+                self.settings.op_timeout,
+            )),
+        }
+    }
+
+    async fn unsubscribe(&self, channel: Arc<str>) {
+        let Ok(mut conn) = self.conn().await else {
+            return;
+        };
+        let _gate = self.gate.lock().await;
+        if self.wakeups.remove_if_idle(&channel) {
+            let _ =
+                tokio::time::timeout(self.settings.op_timeout, conn.unsubscribe(&*channel)).await;
+        }
+    }
+}
+
+/// A single Redis server.
+pub(crate) struct RedisBackend {
+    node: RedisNode,
+    subscriber: Subscriber,
+}
+
+impl RedisBackend {
+    pub(crate) async fn connect(
+        url: &str,
+        settings: NodeSettings,
+        io: Handle,
+    ) -> Result<Self, LockError> {
+        let subscriber = Subscriber::new(url, settings.clone(), io)?;
+        let node = RedisNode::connect(url, settings).await?;
+        Ok(RedisBackend { node, subscriber })
+    }
+}
+
+impl Backend for RedisBackend {
+    fn acquire(
+        &self,
+        name: &LockName,
+        owner: &Arc<str>,
+        lease: Duration,
+    ) -> BoxFuture<Result<Acquired, LockError>> {
+        let (node, name, owner) = (self.node.clone(), name.clone(), owner.clone());
+        Box::pin(async move { node.acquire(&name, &owner, lease).await })
+    }
+
+    fn release(&self, name: &LockName, owner: &Arc<str>) -> BoxFuture<Result<Released, LockError>> {
+        let (node, name, owner) = (self.node.clone(), name.clone(), owner.clone());
+        Box::pin(async move { node.release(&name, &owner).await })
+    }
+
+    fn renew(&self, batch: Vec<Renewal>) -> BoxFuture<Vec<Renewed>> {
+        let node = self.node.clone();
+        Box::pin(async move { node.renew(&batch).await })
+    }
+
+    fn subscribe(&self, name: &LockName) -> BoxFuture<Result<Waiter, LockError>> {
+        self.subscriber.subscribe(&name.channel)
+    }
+
+    fn waiting(&self, name: &LockName) -> usize {
+        self.subscriber.waiting(&name.channel)
+    }
+}

@@ -1,0 +1,101 @@
+use std::time::Duration;
+
+use crate::client::Config;
+use crate::{LockClient, LockError};
+
+/// Settings for a new [`LockClient`]; every annotated fn and lock request
+/// that does not say otherwise uses them.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), lock_runtime::LockError> {
+/// use std::time::Duration;
+/// let client = lock_runtime::LockClient::builder()
+///     .lease(Duration::from_secs(10))
+///     .wait(Duration::from_secs(2))
+///     .key_prefix("shop:lock:")
+///     .connect("redis://127.0.0.1:6379")
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct LockClientBuilder {
+    config: Config,
+}
+
+impl LockClientBuilder {
+    /// Lease (Redis TTL) when a lock does not set one. Default 30 s.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.config.lease = lease;
+        self
+    }
+
+    /// How long to wait for a busy lock when a lock does not say. Default 0
+    /// (try once).
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.config.wait = wait;
+        self
+    }
+
+    /// Prefix of every Redis name this client writes. Default `lock:`.
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.config.prefix = prefix.into().into();
+        self
+    }
+
+    /// Longest a waiter sleeps between attempts when no release message
+    /// arrives (a safety net under pub/sub; it is also capped by the lock's
+    /// remaining TTL). Default 1 s.
+    pub fn retry_delay(mut self, delay: Duration) -> Self {
+        self.config.retry_delay = delay;
+        self
+    }
+
+    /// Random extra delay (0 to this) added to each fallback retry, so
+    /// waiters do not retry in lock-step. Default 50 ms.
+    pub fn retry_jitter(mut self, jitter: Duration) -> Self {
+        self.config.retry_jitter = jitter;
+        self
+    }
+
+    /// Time limit of one Redis command. Default 2 s.
+    pub fn op_timeout(mut self, timeout: Duration) -> Self {
+        self.config.op_timeout = timeout;
+        self
+    }
+
+    /// Time limit of one connection attempt. Default 2 s.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.config.connect_timeout = timeout;
+        self
+    }
+
+    fn checked(self) -> Result<Config, LockError> {
+        let c = self.config;
+        if c.lease.is_zero() {
+            return Err(LockError::Config(
+                "the default lease must be longer than zero".into(),
+            ));
+        }
+        if c.op_timeout.is_zero() || c.connect_timeout.is_zero() {
+            return Err(LockError::Config(
+                "timeouts must be longer than zero".into(),
+            ));
+        }
+        Ok(c)
+    }
+
+    /// Connect to one Redis server.
+    pub async fn connect(self, url: &str) -> Result<LockClient, LockError> {
+        LockClient::connect_with(self.checked()?, url).await
+    }
+
+    /// Locks in this process only.
+    ///
+    /// # Panics
+    /// If the settings are invalid (zero lease or timeouts), or the OS
+    /// refuses to start a thread.
+    pub fn memory(self) -> LockClient {
+        let config = self.checked().unwrap_or_else(|e| panic!("{e}"));
+        LockClient::memory_with(config)
+    }
+}

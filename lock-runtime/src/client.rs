@@ -1,0 +1,254 @@
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::backend::memory::MemoryBackend;
+use crate::backend::redis::{NodeSettings, RedisBackend};
+use crate::backend::{Acquired, Backend, Renewal};
+use crate::guard::LockGuard;
+use crate::io::Io;
+use crate::key::LockName;
+use crate::request::LockRequest;
+use crate::scope::Scope;
+use crate::wakeups::Waiter;
+use crate::watchdog::Watchdog;
+use crate::{LockClientBuilder, LockError};
+
+/// A handle to one lock service: a Redis deployment or this process.
+///
+/// Cheap to clone (an `Arc`); clones share connections and one watchdog.
+/// The client runs its connections on a small I/O thread of its own, so it
+/// can be made in one tokio runtime and used from another.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), lock_runtime::LockError> {
+/// use lock_runtime::LockClient;
+/// use std::time::Duration;
+///
+/// let client = LockClient::connect("redis://127.0.0.1:6379").await?;
+/// let guard = client.lock("order:42").wait(Duration::from_secs(5)).await?;
+/// // ... exclusive work, pass guard.fence() to the store ...
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct LockClient {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    /// Random per client: owner ids never collide across processes.
+    pub(crate) id: Arc<str>,
+    pub(crate) backend: Arc<dyn Backend>,
+    pub(crate) config: Config,
+    pub(crate) watchdog: Watchdog,
+    /// Declared last: the I/O thread stops after everything above is gone.
+    pub(crate) io: Io,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Config {
+    pub(crate) lease: Duration,
+    pub(crate) wait: Duration,
+    pub(crate) prefix: Arc<str>,
+    pub(crate) retry_delay: Duration,
+    pub(crate) retry_jitter: Duration,
+    pub(crate) op_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            lease: Duration::from_secs(30),
+            wait: Duration::ZERO,
+            prefix: "lock:".into(),
+            retry_delay: Duration::from_secs(1),
+            retry_jitter: Duration::from_millis(50),
+            op_timeout: Duration::from_secs(2),
+            connect_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+impl Config {
+    pub(crate) fn node_settings(&self) -> NodeSettings {
+        NodeSettings {
+            op_timeout: self.op_timeout,
+            connect_timeout: self.connect_timeout,
+        }
+    }
+}
+
+/// What one acquire attempt came back with.
+pub(crate) enum Attempt {
+    Held(LockGuard),
+    Busy(Option<Duration>),
+}
+
+impl std::fmt::Debug for LockClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockClient")
+            .field("id", &self.inner.id)
+            .field("prefix", &self.inner.config.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LockClient {
+    /// Connect to one Redis server (`redis://[:password@]host:port[/db]`).
+    ///
+    /// Fails with [`LockError::Backend`] within about 4 s if Redis cannot be
+    /// reached. Reconnects after a connection loss are automatic.
+    pub async fn connect(url: &str) -> Result<LockClient, LockError> {
+        Self::builder().connect(url).await
+    }
+
+    /// Locks held in this process only, with the same semantics as Redis.
+    /// For single-instance services and unit tests.
+    pub fn memory() -> LockClient {
+        Self::builder().memory()
+    }
+
+    /// Defaults (lease, wait, key prefix, retry timing) for a new client.
+    pub fn builder() -> LockClientBuilder {
+        LockClientBuilder::default()
+    }
+
+    /// Start building a lock request for `key`; `.await` it to acquire.
+    ///
+    /// Inside a `#[distributed_lock]` body, a key the body's scope already
+    /// holds is re-entered; elsewhere every call is a separate holder.
+    pub fn lock(&self, key: impl Into<String>) -> LockRequest {
+        LockRequest::new(self.clone(), key.into())
+    }
+
+    /// This client's random id, the prefix of every holder id it writes.
+    pub fn id(&self) -> &str {
+        &self.inner.id
+    }
+
+    /// How many locks this client is keeping alive right now.
+    pub fn held_count(&self) -> usize {
+        self.inner.watchdog.len()
+    }
+
+    /// How many tasks of this client wait for `key` to be released.
+    pub fn waiting(&self, key: &str) -> usize {
+        LockName::new(&self.inner.config.prefix, key).map_or(0, |n| self.inner.backend.waiting(&n))
+    }
+
+    pub(crate) fn from_parts(config: Config, backend: Arc<dyn Backend>, io: Io) -> LockClient {
+        LockClient {
+            inner: Arc::new(Inner {
+                id: uuid::Uuid::new_v4().simple().to_string().into(),
+                backend,
+                config,
+                watchdog: Watchdog::new(),
+                io,
+            }),
+        }
+    }
+
+    pub(crate) fn memory_with(config: Config) -> LockClient {
+        let io = Io::start().expect("cannot start the lock I/O thread");
+        Self::from_parts(config, Arc::new(MemoryBackend::new()), io)
+    }
+
+    pub(crate) async fn connect_with(config: Config, url: &str) -> Result<LockClient, LockError> {
+        let io = Io::start()?;
+        let (settings, handle, url2) =
+            (config.node_settings(), io.handle().clone(), url.to_owned());
+        let backend = io
+            .run(async move { RedisBackend::connect(&url2, settings, handle).await })
+            .await?;
+        Ok(Self::from_parts(config, Arc::new(backend), io))
+    }
+
+    /// One acquire attempt, run on the I/O thread so that it finishes even if
+    /// the caller is dropped: a lock granted to a caller that went away is
+    /// handed to a guard nobody holds, whose drop releases it at once.
+    pub(crate) async fn attempt(
+        &self,
+        name: &LockName,
+        owner: &Arc<str>,
+        lease: Duration,
+        scope: Option<Arc<Scope>>,
+    ) -> Result<Attempt, LockError> {
+        let client = self.clone();
+        let (name, owner) = (name.clone(), owner.clone());
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.inner.io.spawn(async move {
+            let sent_at = Instant::now();
+            let inner = &client.inner;
+            let out = match inner.backend.acquire(&name, &owner, lease).await {
+                // The lease counts from the send: a grant that comes back
+                // after it ran out may already be someone else's lock.
+                Ok(Acquired::Fresh { .. }) if sent_at.elapsed() >= lease => {
+                    let err = LockError::timed_out(
+                        format!(
+                            "acquiring lock `{}`: the grant came back after its lease had run out",
+                            name.key
+                        ),
+                        lease,
+                    );
+                    let backend = inner.backend.clone();
+                    let (name, owner) = (name.clone(), owner.clone());
+                    inner.io.spawn(async move {
+                        let _ = backend.release(&name, &owner).await;
+                    });
+                    Err(err)
+                }
+                Ok(Acquired::Fresh { fence }) | Ok(Acquired::Reentered { fence }) => {
+                    let held = inner.watchdog.hold(
+                        &inner.io,
+                        &inner.backend,
+                        Renewal {
+                            name: name.clone(),
+                            owner: owner.clone(),
+                            lease,
+                        },
+                        sent_at,
+                    );
+                    Ok(Attempt::Held(LockGuard::new(
+                        client.clone(),
+                        name,
+                        owner,
+                        fence,
+                        held,
+                        scope,
+                    )))
+                }
+                Ok(Acquired::Busy { ttl }) => Ok(Attempt::Busy(ttl)),
+                Err(e) => {
+                    // No answer does not mean not granted. A holder that
+                    // does not already hold this key can safely take back
+                    // whatever the attempt may have done.
+                    if !scope.is_some_and(|s| s.holds(&name.hash)) {
+                        let backend = inner.backend.clone();
+                        inner.io.spawn(async move {
+                            let _ = backend.release(&name, &owner).await;
+                        });
+                    }
+                    Err(e)
+                }
+            };
+            // If the caller is gone, `out` (and any guard in it) drops here.
+            let _ = tx.send(out);
+        });
+        rx.await
+            .unwrap_or_else(|_| Err(LockError::other("the lock client was shut down")))
+    }
+
+    pub(crate) async fn subscribe(&self, name: &LockName) -> Result<Waiter, LockError> {
+        let fut = self.inner.backend.subscribe(name);
+        self.inner.io.run(fut).await
+    }
+
+    /// A timer on the client's own runtime, usable from any runtime.
+    pub(crate) fn sleep(&self, d: Duration) -> tokio::time::Sleep {
+        let _rt = self.inner.io.handle().enter();
+        tokio::time::sleep(d)
+    }
+}

@@ -1,0 +1,97 @@
+use std::time::Duration;
+
+/// Why a lock could not be taken, kept, or released.
+///
+/// Annotated functions turn it into their own error type with `From`, so an
+/// `impl From<LockError> for AppError` is all a service needs.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LockError {
+    /// An annotated fn ran before [`init`](crate::init).
+    #[error("no lock client: call lock_runtime::init(LockClient::connect(..).await?) at start-up")]
+    NotInitialized,
+
+    /// [`init`](crate::init) was called twice.
+    #[error("lock_runtime::init was already called; the global client can be set only once")]
+    AlreadyInitialized,
+
+    /// Someone else held the lock for the whole `wait`.
+    #[error("lock `{key}` is held by another holder; gave up after waiting {waited:?} (raise `wait` to queue longer)")]
+    Timeout {
+        /// The user's key.
+        key: String,
+        /// How long this call waited.
+        waited: Duration,
+    },
+
+    /// The lock expired or was taken away while held; the protected work may
+    /// have overlapped with another holder.
+    #[error("lock `{key}` was lost while held (lease expired or the lock was deleted); its work is no longer exclusive")]
+    Lost {
+        /// The user's key.
+        key: String,
+    },
+
+    /// The key cannot name a lock.
+    #[error("invalid lock key `{key}`: {reason}")]
+    InvalidKey {
+        /// The key as given.
+        key: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// A constructor or builder got settings it cannot use.
+    #[error("invalid lock client configuration: {0}")]
+    Config(String),
+
+    /// Redis could not be reached or answered with an error.
+    #[error("lock backend failed: {0}")]
+    Backend(#[source] BackendError),
+}
+
+/// The failure underneath [`LockError::Backend`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BackendError {
+    /// The Redis client reported an error.
+    #[error("{context}: {source}")]
+    Redis {
+        /// What was being done.
+        context: String,
+        /// The client's error.
+        #[source]
+        source: redis::RedisError,
+    },
+    /// No answer within the operation timeout.
+    #[error("{context}: no answer within {after:?} (is Redis reachable?)")]
+    Timeout {
+        /// What was being done.
+        context: String,
+        /// The timeout that fired.
+        after: Duration,
+    },
+    /// Anything else, described.
+    #[error("{0}")]
+    Other(String),
+}
+
+impl LockError {
+    pub(crate) fn redis(context: impl Into<String>, source: redis::RedisError) -> Self {
+        LockError::Backend(BackendError::Redis {
+            context: context.into(),
+            source,
+        })
+    }
+
+    pub(crate) fn timed_out(context: impl Into<String>, after: Duration) -> Self {
+        LockError::Backend(BackendError::Timeout {
+            context: context.into(),
+            after,
+        })
+    }
+
+    pub(crate) fn other(message: impl Into<String>) -> Self {
+        LockError::Backend(BackendError::Other(message.into()))
+    }
+}

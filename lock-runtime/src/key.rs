@@ -1,0 +1,76 @@
+use std::sync::Arc;
+
+use crate::LockError;
+
+/// The Redis names that belong to one user key.
+///
+/// The user's key sits inside a hash tag so that the lock hash, the fence
+/// counter and the wake-up channel share one Redis Cluster slot.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct LockName {
+    /// The key the user asked for (without prefix).
+    pub(crate) key: Arc<str>,
+    /// `prefix{key}`: the hash mapping holder id to reentry count.
+    pub(crate) hash: Arc<str>,
+    /// `prefix{key}:fence`: the fencing counter, never expired.
+    pub(crate) fence: Arc<str>,
+    /// `prefix{key}:released`: the channel a final release publishes on.
+    pub(crate) channel: Arc<str>,
+}
+
+/// Longest key we accept; longer keys are almost certainly a bug (a body
+/// formatted into the key) and would bloat every command.
+const MAX_KEY_LEN: usize = 1024;
+
+impl LockName {
+    pub(crate) fn new(prefix: &str, key: &str) -> Result<Self, LockError> {
+        let invalid = |reason: &str| LockError::InvalidKey {
+            key: key.to_owned(),
+            reason: reason.to_owned(),
+        };
+        if key.is_empty() {
+            return Err(invalid("the key is empty; name the resource to lock"));
+        }
+        if key.len() > MAX_KEY_LEN {
+            return Err(invalid("the key is longer than 1024 bytes"));
+        }
+        if key.starts_with('}') {
+            return Err(invalid(
+                "a key may not start with `}`: it would empty the Redis Cluster hash tag",
+            ));
+        }
+        let hash: Arc<str> = format!("{prefix}{{{key}}}").into();
+        Ok(LockName {
+            key: key.into(),
+            fence: format!("{hash}:fence").into(),
+            channel: format!("{hash}:released").into(),
+            hash,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_share_the_hash_tag() {
+        let n = LockName::new("lock:", "order:42").unwrap();
+        assert_eq!(&*n.hash, "lock:{order:42}");
+        assert_eq!(&*n.fence, "lock:{order:42}:fence");
+        assert_eq!(&*n.channel, "lock:{order:42}:released");
+    }
+
+    #[test]
+    fn rejects_empty_and_tag_breaking_keys() {
+        assert!(matches!(
+            LockName::new("lock:", ""),
+            Err(LockError::InvalidKey { .. })
+        ));
+        assert!(matches!(
+            LockName::new("lock:", "}x"),
+            Err(LockError::InvalidKey { .. })
+        ));
+        assert!(LockName::new("lock:", "a}b{c").is_ok());
+    }
+}

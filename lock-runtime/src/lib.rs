@@ -1,0 +1,77 @@
+//! Declarative distributed locks on Redis.
+//!
+//! Put `#[distributed_lock]` on an async fn and its body runs under a
+//! reentrant lock that a watchdog keeps alive and that is released on every
+//! exit — return, `?`, panic or cancellation:
+//!
+//! ```no_run
+//! use lock_runtime::{distributed_lock, LockClient, LockError};
+//!
+//! #[derive(Debug)]
+//! enum AppError { Lock(LockError) }
+//! impl From<LockError> for AppError {
+//!     fn from(e: LockError) -> Self { AppError::Lock(e) }
+//! }
+//!
+//! #[distributed_lock(key = "order:{id}", lease = "30s", wait = "5s")]
+//! async fn pay(id: u64) -> Result<(), AppError> {
+//!     // Only one instance of the service runs this for a given order.
+//!     let _fence = lock_runtime::current_fence();
+//!     Ok(())
+//! }
+//!
+//! # async fn start() -> Result<(), AppError> {
+//! lock_runtime::init(LockClient::connect("redis://127.0.0.1:6379").await?)?;
+//! pay(42).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # What Redis holds
+//! A held lock is a hash `lock:{key}` mapping holder id to reentry count,
+//! with the lease as its expiry. Beside it, in the same cluster slot, the
+//! string `lock:{key}:fence` counts acquisitions (the fencing token), and
+//! releases are published on `lock:{key}:released`. After a release only the
+//! fence counter remains.
+//!
+//! # Fencing
+//! A lease can run out under a holder that is paused (GC, swap, a stopped
+//! VM) without the holder noticing in time. Locks alone cannot prevent the
+//! overlap; fencing tokens can. Each fresh acquisition gets a token from a
+//! per-key counter that only grows. Send [`current_fence`] (or
+//! [`LockGuard::fence`]) along with every write, and let the store reject a
+//! write whose token is lower than the highest it has accepted.
+//!
+//! # Reentrancy
+//! Reentrancy belongs to the annotated call chain: the outermost annotated
+//! call opens a task-local scope, and annotated calls (or `client.lock`)
+//! awaited inside it on a key it holds re-enter. A spawned task is another
+//! holder. Futures joined concurrently inside one body share the holder.
+#![deny(missing_docs)]
+
+mod backend;
+mod builder;
+mod client;
+mod error;
+mod global;
+mod guard;
+mod io;
+mod key;
+mod request;
+mod scope;
+mod scripts;
+mod wakeups;
+mod watchdog;
+
+#[doc(hidden)]
+#[allow(missing_docs)]
+#[path = "private.rs"]
+pub mod __private;
+
+pub use builder::LockClientBuilder;
+pub use client::LockClient;
+pub use error::{BackendError, LockError};
+pub use global::{client, init};
+pub use guard::LockGuard;
+pub use lock_macros::distributed_lock;
+pub use request::LockRequest;
+pub use scope::current_fence;

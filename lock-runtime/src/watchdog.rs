@@ -1,0 +1,260 @@
+//! One task per client keeps every held lock alive.
+//!
+//! Each lock wants renewing every lease/3. When the earliest one is due, the
+//! watchdog renews every lock that would fall due before the next tick, in
+//! one batch (one pipelined round trip per Redis node), so a client holding
+//! many locks sends one request per tick, not one per lock.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{watch, Notify};
+use tokio::time::Instant;
+
+use crate::backend::{Backend, Renewal, Renewed};
+use crate::io::Io;
+
+/// Identifies one lock held by one owner.
+type EntryKey = (Arc<str>, Arc<str>);
+
+pub(crate) struct Watchdog {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    entries: Mutex<HashMap<EntryKey, Entry>>,
+    wake: Notify,
+    next_id: AtomicU64,
+    started: std::sync::Once,
+    /// The client is gone: the task ends.
+    closed: AtomicBool,
+}
+
+struct Entry {
+    id: u64,
+    renewal: Renewal,
+    /// Open holds (reentries) on this lock by this owner.
+    holds: usize,
+    next_due: Instant,
+    /// The lease runs out here unless a renewal succeeds.
+    deadline: Instant,
+    lost: watch::Sender<bool>,
+}
+
+/// A guard's link to its watchdog entry.
+#[derive(Clone)]
+pub(crate) struct Held {
+    key: EntryKey,
+    id: u64,
+    lost: watch::Receiver<bool>,
+}
+
+impl Held {
+    pub(crate) fn is_lost(&self) -> bool {
+        *self.lost.borrow()
+    }
+
+    /// Resolves when the lock is lost; never, if it is released first.
+    pub(crate) fn lost(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut rx = self.lost.clone();
+        async move {
+            if rx.wait_for(|lost| *lost).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+}
+
+/// What leaving a hold did.
+pub(crate) struct Left {
+    /// The watchdog had already declared the lock lost.
+    pub(crate) was_lost: bool,
+}
+
+fn interval(lease: Duration) -> Duration {
+    (lease / 3).max(Duration::from_millis(1))
+}
+
+impl Watchdog {
+    pub(crate) fn new() -> Self {
+        Watchdog {
+            shared: Arc::new(Shared {
+                entries: Mutex::new(HashMap::new()),
+                wake: Notify::new(),
+                next_id: AtomicU64::new(1),
+                started: std::sync::Once::new(),
+                closed: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// Start renewing (or count one more hold of) a lock just granted.
+    /// `granted_at` is when the acquire was sent: the lease counts from there.
+    pub(crate) fn hold(
+        &self,
+        io: &Io,
+        backend: &Arc<dyn Backend>,
+        renewal: Renewal,
+        granted_at: Instant,
+    ) -> Held {
+        self.start(io, backend);
+        let key: EntryKey = (renewal.name.hash.clone(), renewal.owner.clone());
+        let mut entries = self.shared.entries.lock().unwrap();
+        let mut shorter = false;
+        let entry = entries.entry(key.clone()).or_insert_with(|| {
+            shorter = true;
+            Entry {
+                id: self.shared.next_id.fetch_add(1, Ordering::Relaxed),
+                next_due: granted_at + interval(renewal.lease),
+                deadline: granted_at + renewal.lease,
+                holds: 0,
+                lost: watch::channel(false).0,
+                renewal: renewal.clone(),
+            }
+        });
+        entry.holds += 1;
+        if renewal.lease > entry.renewal.lease {
+            // A nested holder asked for a longer lease (Redis kept the longer).
+            entry.renewal.lease = renewal.lease;
+            entry.deadline = entry.deadline.max(granted_at + renewal.lease);
+        }
+        let held = Held {
+            key,
+            id: entry.id,
+            lost: entry.lost.subscribe(),
+        };
+        drop(entries);
+        if shorter {
+            self.shared.wake.notify_one();
+        }
+        held
+    }
+
+    /// End one hold. The last hold stops renewals before the caller sends
+    /// its release, so no renewal is ever issued after it.
+    pub(crate) fn leave(&self, held: &Held) -> Left {
+        let mut entries = self.shared.entries.lock().unwrap();
+        let was_lost = held.is_lost();
+        if let Some(entry) = entries.get_mut(&held.key) {
+            if entry.id == held.id {
+                entry.holds -= 1;
+                if entry.holds == 0 {
+                    entries.remove(&held.key);
+                }
+            }
+        }
+        Left { was_lost }
+    }
+
+    /// How many locks are being renewed (for tests and metrics).
+    pub(crate) fn len(&self) -> usize {
+        self.shared.entries.lock().unwrap().len()
+    }
+
+    fn start(&self, io: &Io, backend: &Arc<dyn Backend>) {
+        self.shared.started.call_once(|| {
+            io.spawn(run(self.shared.clone(), backend.clone()));
+        });
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.shared.closed.store(true, Ordering::Release);
+        self.shared.wake.notify_one();
+    }
+}
+
+async fn run(shared: Arc<Shared>, backend: Arc<dyn Backend>) {
+    loop {
+        let notified = shared.wake.notified();
+        if shared.closed.load(Ordering::Acquire) {
+            return;
+        }
+        let next = shared
+            .entries
+            .lock()
+            .unwrap()
+            .values()
+            .map(|e| e.next_due.min(e.deadline))
+            .min();
+        match next {
+            Some(at) => tokio::select! {
+                _ = tokio::time::sleep_until(at) => tick(&shared, &*backend).await,
+                _ = notified => {}
+            },
+            None => notified.await,
+        }
+    }
+}
+
+async fn tick(shared: &Shared, backend: &dyn Backend) {
+    let now = Instant::now();
+    let (ids, batch, earliest_deadline): (Vec<(EntryKey, u64)>, Vec<Renewal>, Option<Instant>) = {
+        let entries = shared.entries.lock().unwrap();
+        let mut ids = Vec::new();
+        let mut batch = Vec::new();
+        let mut earliest = None::<Instant>;
+        for (key, e) in entries.iter() {
+            // Everything that would fall due before its next tick goes now.
+            if e.next_due <= now + interval(e.renewal.lease) || e.deadline <= now {
+                ids.push((key.clone(), e.id));
+                batch.push(e.renewal.clone());
+                earliest = Some(earliest.map_or(e.deadline, |d: Instant| d.min(e.deadline)));
+            }
+        }
+        (ids, batch, earliest)
+    };
+    if batch.is_empty() {
+        return;
+    }
+    let sent_at = Instant::now();
+    // Never wait past the point where a lock must be declared lost.
+    let limit = earliest_deadline
+        .map(|d| d.saturating_duration_since(sent_at))
+        .unwrap_or_default()
+        .max(Duration::from_millis(5));
+    // No answer in time leaves every outcome missing: handled as a failure.
+    let outcomes: Vec<Renewed> = tokio::time::timeout(limit, backend.renew(batch))
+        .await
+        .unwrap_or_default();
+    let now = Instant::now();
+    let mut entries = shared.entries.lock().unwrap();
+    for (i, (key, id)) in ids.into_iter().enumerate() {
+        let Some(entry) = entries.get_mut(&key) else {
+            continue;
+        };
+        if entry.id != id {
+            continue;
+        }
+        let iv = interval(entry.renewal.lease);
+        match outcomes.get(i) {
+            Some(Renewed::Yes) => {
+                entry.deadline = sent_at + entry.renewal.lease;
+                entry.next_due = sent_at + iv;
+            }
+            Some(Renewed::NotOwner) => {
+                tracing::warn!(key = %entry.renewal.name.key, "lock lost: Redis no longer has it for this holder");
+                entry.lost.send_replace(true);
+                entries.remove(&key);
+            }
+            failed => {
+                if now >= entry.deadline {
+                    tracing::warn!(key = %entry.renewal.name.key, "lock lost: lease ran out while renewals failed");
+                    entry.lost.send_replace(true);
+                    entries.remove(&key);
+                } else {
+                    if let Some(Renewed::Failed(e)) = failed {
+                        tracing::debug!(key = %entry.renewal.name.key, error = %e, "lock renewal failed; retrying");
+                    } else {
+                        tracing::debug!(key = %entry.renewal.name.key, "lock renewal got no answer in time; retrying");
+                    }
+                    let left = entry.deadline - now;
+                    entry.next_due = now + (left / 4).clamp(Duration::from_millis(10), iv);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,171 @@
+//! Side-by-side lock benchmarks: the Redis floor, our runtime (manual API and
+//! attribute), `rslock` and redis-py's `Lock`, all against `redis-server`s this
+//! bench starts itself, all in one run.
+//!
+//! ```sh
+//! scripts/bench.sh                         # installs redis + redis-py, then:
+//! cargo bench -p tests --bench locks       # prints the tables, writes docs/BENCHMARKS.md
+//! LOCKBENCH_QUICK=1 cargo bench -p tests --bench locks   # a short smoke run (not written to docs)
+//! ```
+//!
+//! Every result is reported next to a baseline measured in the same run:
+//! the machine is shared and noisy, absolute numbers mean little.
+
+#[path = "locks/handoff.rs"]
+mod handoff;
+#[path = "locks/latency.rs"]
+mod latency;
+#[path = "locks/monitor.rs"]
+mod monitor;
+#[path = "locks/proxy.rs"]
+mod proxy;
+#[path = "locks/python.rs"]
+mod python;
+#[path = "locks/redlock.rs"]
+mod redlock;
+#[path = "locks/report.rs"]
+mod report;
+#[path = "locks/stats.rs"]
+mod stats;
+#[path = "locks/throughput.rs"]
+mod throughput;
+#[path = "locks/watchdog.rs"]
+mod watchdog;
+
+use std::time::{Duration, Instant};
+
+use lock_runtime::LockClient;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use tests::RedisServer;
+
+#[global_allocator]
+static ALLOC: stats::Counting = stats::Counting;
+
+/// What every case needs.
+pub struct Ctx {
+    pub rt: tokio::runtime::Runtime,
+    pub workers: usize,
+    pub server: RedisServer,
+    /// Our client on `server`; also the global client the attribute uses.
+    pub ours: LockClient,
+    pub rslock: rslock::LockManager,
+    pub py: Option<python::Python>,
+    pub quick: bool,
+    pub only: Option<Vec<u32>>,
+    /// SHA1 of lock-runtime's acquire script.
+    pub acquire_sha: String,
+}
+
+impl Ctx {
+    /// How the runtime configures its own `ConnectionManager`s.
+    pub fn floor_conn_config(&self) -> ConnectionManagerConfig {
+        ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(2)))
+            .set_response_timeout(Some(Duration::from_secs(2)))
+            .set_number_of_retries(2)
+    }
+
+    /// A `ConnectionManager` set up as the runtime sets up its own.
+    pub async fn floor_conn(&self, port: u16) -> ConnectionManager {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).expect("url");
+        ConnectionManager::new_with_config(client, self.floor_conn_config())
+            .await
+            .expect("floor connection")
+    }
+
+    /// Whether to run case `n` (`LOCKBENCH_ONLY=4,6` runs only those).
+    pub fn wants(&self, n: u32) -> bool {
+        match &self.only {
+            Some(o) => o.contains(&n),
+            None => true,
+        }
+    }
+}
+
+fn main() {
+    let quick = std::env::var_os("LOCKBENCH_QUICK").is_some_and(|v| v != "0");
+    let started = Instant::now();
+    let date = report::now_utc();
+    let py = python::Python::detect();
+    let machine = report::machine(py.as_ref().map(|p| p.describe.as_str()));
+    println!(
+        "# lock benchmarks{}\n",
+        if quick { " (quick run)" } else { "" }
+    );
+    println!("{machine}");
+
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let server = RedisServer::start();
+    let acquire_src = include_str!("../../lock-runtime/scripts/acquire.lua");
+    let acquire_sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(acquire_src)
+        .query(&mut server.conn())
+        .expect("SCRIPT LOAD");
+    let ours = rt
+        .block_on(LockClient::connect(&server.url()))
+        .expect("connect our client");
+    lock_runtime::init(ours.clone()).expect("init the global client");
+    let rslock = rslock::LockManager::new(vec![server.url()]);
+    let ctx = Ctx {
+        rt,
+        workers,
+        server,
+        ours,
+        rslock,
+        py,
+        quick,
+        only: std::env::var("LOCKBENCH_ONLY")
+            .ok()
+            .map(|s| s.split(',').filter_map(|x| x.trim().parse().ok()).collect()),
+        acquire_sha,
+    };
+
+    let mut report = report::Report::default();
+    let step = |name: &str| eprintln!("[{:>5.1} s] {name}", started.elapsed().as_secs_f64());
+    if ctx.wants(1) || ctx.wants(2) {
+        step("cases 1 and 2: floor and uncontended latency");
+        latency::run(&ctx, &mut report);
+    }
+    if ctx.wants(3) {
+        step("case 3: throughput");
+        throughput::run(&ctx, &mut report);
+    }
+    if ctx.wants(4) {
+        step("case 4: contended hand-off");
+        handoff::run(&ctx, &mut report);
+    }
+    if ctx.wants(5) {
+        step("case 5: Redlock");
+        redlock::run(&ctx, &mut report);
+    }
+    if ctx.wants(6) {
+        step("case 6: watchdog scale");
+        watchdog::run(&ctx, &mut report);
+    }
+    step("done");
+
+    let run = format!(
+        "Run: {date}, {:.0} s{}. Command: `scripts/bench.sh` (or `cargo bench -p tests --bench locks`).",
+        started.elapsed().as_secs_f64(),
+        if quick { " (LOCKBENCH_QUICK)" } else { "" }
+    );
+    println!("## Targets\n\n{}", report.targets_table());
+    let doc = report.render(&machine, &run);
+    if quick || ctx.only.is_some() {
+        eprintln!("partial run: docs/BENCHMARKS.md left as it is");
+    } else {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/BENCHMARKS.md");
+        let written = std::fs::create_dir_all(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs"))
+            .and_then(|_| std::fs::write(path, doc));
+        match written {
+            Ok(()) => eprintln!("wrote docs/BENCHMARKS.md"),
+            Err(e) => eprintln!("could not write docs/BENCHMARKS.md: {e}"),
+        }
+    }
+}

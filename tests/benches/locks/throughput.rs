@@ -1,0 +1,237 @@
+//! Case 3: throughput of 64 concurrent tasks on distinct keys, against the
+//! EVALSHA ceiling `redis-benchmark` reaches on the same server.
+
+use std::future::Future;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::latency::{empty_body, rslock_cycle};
+use crate::report::Report;
+use crate::stats::fmt_count;
+use crate::Ctx;
+
+const TASKS: usize = 64;
+
+/// Cycles per second of `TASKS` tasks running `op(task, k)` back to back.
+async fn run_tasks<F, Fut>(warm: Duration, window: Duration, op: F) -> f64
+where
+    F: Fn(usize, u64) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let done = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut handles = Vec::new();
+    for t in 0..TASKS {
+        let (done, stop, op) = (done.clone(), stop.clone(), op.clone());
+        handles.push(tokio::spawn(async move {
+            let mut k = 0;
+            while !stop.load(Ordering::Relaxed) {
+                op(t, k).await;
+                k += 1;
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    tokio::time::sleep(warm).await;
+    let (c0, t0) = (done.load(Ordering::Relaxed), Instant::now());
+    tokio::time::sleep(window).await;
+    let (c1, t1) = (done.load(Ordering::Relaxed), Instant::now());
+    stop.store(true, Ordering::Relaxed);
+    for h in handles {
+        h.await.expect("throughput task panicked");
+    }
+    (c1 - c0) as f64 / (t1 - t0).as_secs_f64()
+}
+
+/// `redis-benchmark` EVALSHA of our acquire script on random fresh keys,
+/// `TASKS` connections: requests per second.
+fn redis_benchmark(port: u16, sha: &str, requests: u64) -> Result<f64, String> {
+    let out = Command::new("redis-benchmark")
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "-c",
+            &TASKS.to_string(),
+        ])
+        .args(["-n", &requests.to_string(), "-r", "100000000", "--csv"])
+        .args([
+            "EVALSHA",
+            sha,
+            "2",
+            "lock:{rb:__rand_int__}",
+            "lock:{rb:__rand_int__}:fence",
+            "rb-owner:1",
+            "30000",
+        ])
+        .output()
+        .map_err(|e| format!("cannot run redis-benchmark (apt-get install redis-tools): {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    // "test","rps",… then "EVALSHA …","84245.99",…
+    text.lines()
+        .filter(|l| l.starts_with("\"EVALSHA"))
+        .find_map(|l| {
+            l.split("\",\"")
+                .nth(1)?
+                .trim_matches('"')
+                .parse::<f64>()
+                .ok()
+        })
+        .ok_or_else(|| {
+            format!(
+                "unexpected redis-benchmark output: {text} {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
+}
+
+pub fn run(ctx: &Ctx, report: &mut Report) {
+    let rounds = if ctx.quick { 1 } else { 2 };
+    let warm = Duration::from_millis(500);
+    let window = Duration::from_secs(if ctx.quick { 1 } else { 3 });
+    let bench_requests = if ctx.quick { 50_000 } else { 200_000 };
+    let port = ctx.server.port();
+
+    let mut ceiling = Vec::new();
+    let mut bench_err = None;
+    let (mut manual, mut attr, mut rs, mut py) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut py_err = None;
+    let attr_ok = ctx.rt.block_on(empty_body(u64::MAX - 1)).unwrap_or(false);
+    for r in 0..rounds {
+        match redis_benchmark(port, &ctx.acquire_sha, bench_requests) {
+            Ok(x) => ceiling.push(x),
+            Err(e) => bench_err = Some(e),
+        }
+        let ours = ctx.ours.clone();
+        manual.push(ctx.rt.block_on(run_tasks(warm, window, move |t, k| {
+            let ours = ours.clone();
+            async move {
+                let guard = ours
+                    .lock(format!("c3:manual:{r}:{t}:{k}"))
+                    .await
+                    .expect("lock");
+                guard.release().await.expect("release");
+            }
+        })));
+        if attr_ok {
+            attr.push(
+                ctx.rt
+                    .block_on(run_tasks(warm, window, move |t, k| async move {
+                        empty_body(((r as u64 * 1000 + t as u64) << 32) + k + (1 << 62))
+                            .await
+                            .expect("attribute");
+                    })),
+            );
+        }
+        let mgr = ctx.rslock.clone();
+        rs.push(ctx.rt.block_on(run_tasks(warm, window, move |t, k| {
+            let mgr = mgr.clone();
+            async move { rslock_cycle(&mgr, &format!("c3:rslock:{r}:{t}"), k).await }
+        })));
+        if let Some(p) = &ctx.py {
+            match p.run(
+                port,
+                "throughput",
+                &[
+                    ("tasks", TASKS.to_string()),
+                    ("seconds", window.as_secs_f64().to_string()),
+                    ("warmup-seconds", warm.as_secs_f64().to_string()),
+                    ("tag", format!("c3:py:{r}")),
+                ],
+            ) {
+                Ok(v) => {
+                    let ops = v["ops"].as_f64().unwrap_or(0.0);
+                    let secs = v["seconds"].as_f64().unwrap_or(f64::NAN);
+                    py.push(ops / secs);
+                }
+                Err(e) => py_err = Some(e),
+            }
+        }
+    }
+    // Keep the server small for the cases after this one.
+    let _: () = redis::cmd("FLUSHALL")
+        .query(&mut ctx.server.conn())
+        .expect("FLUSHALL");
+
+    let mean = |v: &[f64]| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
+    let ceil = mean(&ceiling);
+    let half = ceil.map(|c| c / 2.0);
+    let row = |name: &str, v: &[f64]| -> Vec<String> {
+        match mean(v) {
+            Some(x) => vec![
+                name.into(),
+                fmt_count(x),
+                half.map_or_else(|| "n/a".into(), |h| format!("{:.0} %", 100.0 * x / h)),
+            ],
+            None => vec![name.into(), "n/a".into(), "n/a".into()],
+        }
+    };
+    report.heading("Case 3 — throughput, 64 concurrent tasks on distinct keys");
+    report.para(&format!(
+        "Lock + unlock cycles per second, a fresh key per cycle, {}-s window after {} ms warm-up, mean of {rounds} \
+         round(s) interleaved across contenders. Ceiling: `redis-benchmark -c 64 -r 100000000 EVALSHA <acquire \
+         script> …` on random fresh keys against the same server, in the same rounds; a cycle is two EVALSHAs, so \
+         the column compares with half the ceiling. All Rust contenders run in one tokio runtime with {} worker \
+         threads; ours talks to Redis over one multiplexed connection on its I/O thread, rslock over one \
+         multiplexed connection; redis-py uses 64 threads and a connection pool.",
+        window.as_secs(),
+        warm.as_millis(),
+        ctx.workers
+    ));
+    let mut rows = vec![
+        match (ceil, &bench_err) {
+            (Some(c), _) => vec![
+                "`redis-benchmark` EVALSHA acquire (ceiling, requests/s)".into(),
+                fmt_count(c),
+                "200 %".into(),
+            ],
+            (None, e) => vec![
+                format!("redis-benchmark: {}", e.clone().unwrap_or_default()),
+                "n/a".into(),
+                "n/a".into(),
+            ],
+        },
+        row("ours, manual API", &manual),
+        if attr_ok {
+            row("ours, `#[distributed_lock]` empty body", &attr)
+        } else {
+            vec![
+                "ours, `#[distributed_lock]` (does not lock yet)".into(),
+                "n/a".into(),
+                "n/a".into(),
+            ]
+        },
+        row("rslock", &rs),
+    ];
+    match (&ctx.py, &py_err) {
+        (Some(p), None) => rows.push(row(&p.describe, &py)),
+        (_, Some(e)) => rows.push(vec![format!("redis-py: {e}"), "n/a".into(), "n/a".into()]),
+        (None, None) => rows.push(vec![
+            "redis-py: not installed".into(),
+            "n/a".into(),
+            "n/a".into(),
+        ]),
+    }
+    report.table(
+        &["contender", "cycles / s", "of EVALSHA ceiling ÷ 2"],
+        &rows,
+    );
+    let ours = mean(&manual);
+    report.target(
+        "3",
+        "≥ 80 % of (EVALSHA ceiling ÷ 2)",
+        match (ours, half) {
+            (Some(o), Some(h)) => format!(
+                "{:.0} % ({} of {} cycles/s)",
+                100.0 * o / h,
+                fmt_count(o),
+                fmt_count(h)
+            ),
+            _ => "n/a".into(),
+        },
+        ours.zip(half).map(|(o, h)| o >= 0.8 * h),
+    );
+}

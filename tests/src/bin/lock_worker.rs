@@ -1,0 +1,67 @@
+//! A separate OS process for multi-process tests.
+//!
+//! `lock_worker increment URL KEY ROUNDS`: read-modify-write a Redis counter
+//! under `#[distributed_lock]`, printing each fence.
+//! `lock_worker hold URL KEY LEASE_MS`: take the lock, print `HELD <fence>`,
+//! and keep it (renewed) until killed.
+
+use std::io::Write;
+use std::time::Duration;
+
+use lock_runtime::{distributed_lock, LockClient, LockError};
+use redis::aio::MultiplexedConnection;
+
+#[distributed_lock(key = "{key}", wait = "60s")]
+async fn increment(key: &str, conn: &mut MultiplexedConnection) -> Result<u64, LockError> {
+    let counter = format!("{key}:counter");
+    let v: Option<i64> = redis::cmd("GET")
+        .arg(&counter)
+        .query_async(conn)
+        .await
+        .unwrap();
+    tokio::task::yield_now().await;
+    let _: () = redis::cmd("SET")
+        .arg(&counter)
+        .arg(v.unwrap_or(0) + 1)
+        .query_async(conn)
+        .await
+        .unwrap();
+    Ok(lock_runtime::current_fence().unwrap())
+}
+
+#[tokio::main]
+async fn main() -> Result<(), LockError> {
+    let args: Vec<String> = std::env::args().collect();
+    let (mode, url, key, n) = (
+        &args[1],
+        &args[2],
+        &args[3],
+        args[4].parse::<u64>().unwrap(),
+    );
+    lock_runtime::init(LockClient::connect(url).await?)?;
+    let mut out = std::io::stdout().lock();
+    match mode.as_str() {
+        "increment" => {
+            let mut conn = redis::Client::open(url.as_str())
+                .unwrap()
+                .get_multiplexed_async_connection()
+                .await
+                .unwrap();
+            for _ in 0..n {
+                let fence = increment(key, &mut conn).await?;
+                writeln!(out, "FENCE {fence}").unwrap();
+            }
+        }
+        "hold" => {
+            let guard = lock_runtime::client()?
+                .lock(key)
+                .lease(Duration::from_millis(n))
+                .await?;
+            writeln!(out, "HELD {}", guard.fence()).unwrap();
+            out.flush().unwrap();
+            std::future::pending::<()>().await;
+        }
+        other => panic!("unknown mode {other}"),
+    }
+    Ok(())
+}

@@ -1,0 +1,250 @@
+//! Test harness: real `redis-server` processes on free ports, which tests
+//! can kill, pause, resume and restart.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub mod fenced;
+pub mod global;
+pub mod history;
+pub mod proxy;
+pub mod semantics;
+
+/// A `redis-server` owned by one test (or one test binary).
+pub struct RedisServer {
+    child: Option<Child>,
+    port: u16,
+    dir: PathBuf,
+    extra: Vec<String>,
+}
+
+/// Spawn a child that dies with this test process, even if the test
+/// aborts: children are started from one thread that lives as long as the
+/// process, with the parent-death signal set.
+pub fn spawn_tied(mut cmd: Command) -> std::io::Result<Child> {
+    use std::os::unix::process::CommandExt;
+    use std::sync::mpsc;
+    use std::sync::{Mutex, OnceLock};
+    type Job = (Command, mpsc::Sender<std::io::Result<Child>>);
+    static SPAWNER: OnceLock<Mutex<mpsc::Sender<Job>>> = OnceLock::new();
+    let spawner = SPAWNER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<Job>();
+        std::thread::spawn(move || {
+            for (mut cmd, reply) in rx {
+                // SAFETY: prctl is async-signal-safe and touches no memory.
+                unsafe {
+                    cmd.pre_exec(|| {
+                        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                        Ok(())
+                    });
+                }
+                let _ = reply.send(cmd.spawn());
+            }
+        });
+        Mutex::new(tx)
+    });
+    let (tx, rx) = mpsc::channel();
+    let _ = &mut cmd;
+    spawner
+        .lock()
+        .unwrap()
+        .send((cmd, tx))
+        .expect("spawner thread");
+    rx.recv().expect("spawner thread")
+}
+
+/// A port nobody listens on right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("no free port")
+}
+
+impl RedisServer {
+    /// Start a server with no persistence.
+    pub fn start() -> Self {
+        Self::start_with(&["--save", "", "--appendonly", "no"])
+    }
+
+    /// Start a server with extra `redis-server` arguments.
+    pub fn start_with(extra: &[&str]) -> Self {
+        let port = free_port();
+        let dir = std::env::temp_dir().join(format!("lock-test-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let mut server = RedisServer {
+            child: None,
+            port,
+            dir,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        server.spawn();
+        server
+    }
+
+    fn spawn(&mut self) {
+        let mut cmd = Command::new("redis-server");
+        cmd.args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .args(&self.extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let child = spawn_tied(cmd).expect(
+            "cannot start redis-server: install it (scripts/test.sh does) or put it on PATH",
+        );
+        self.child = Some(child);
+        self.wait_ready();
+    }
+
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(mut c) = redis::Client::open(self.url()).and_then(|c| c.get_connection()) {
+                match redis::cmd("PING").query::<String>(&mut c) {
+                    Ok(_) => return,
+                    // Up, but wants a password.
+                    Err(e) if e.code() == Some("NOAUTH") => return,
+                    Err(_) => {}
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "redis-server on port {} did not come up",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// A plain connection for looking at what Redis holds.
+    pub fn conn(&self) -> redis::Connection {
+        redis::Client::open(self.url())
+            .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(5)))
+            .expect("connect to test redis")
+    }
+
+    /// Run one command and return its reply.
+    pub fn cmd<T: redis::FromRedisValue>(&self, args: &[&str]) -> T {
+        let mut c = redis::cmd(args[0]);
+        for a in &args[1..] {
+            c.arg(*a);
+        }
+        c.query(&mut self.conn())
+            .unwrap_or_else(|e| panic!("{args:?}: {e}"))
+    }
+
+    pub fn exists(&self, key: &str) -> bool {
+        self.cmd::<i64>(&["EXISTS", key]) == 1
+    }
+
+    /// Keys matching a pattern.
+    pub fn keys(&self, pattern: &str) -> Vec<String> {
+        self.cmd(&["KEYS", pattern])
+    }
+
+    /// How many times a command has run since the last `CONFIG RESETSTAT`.
+    pub fn calls(&self, command: &str) -> u64 {
+        let info: String = self.cmd(&["INFO", "commandstats"]);
+        let prefix = format!("cmdstat_{}:calls=", command.to_lowercase());
+        info.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    }
+
+    pub fn reset_stats(&self) {
+        let _: String = self.cmd(&["CONFIG", "RESETSTAT"]);
+    }
+
+    fn signal(&self, sig: &str) {
+        let pid = self.child.as_ref().expect("server not running").id();
+        let ok = Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        assert!(ok, "kill {sig} {pid} failed");
+    }
+
+    /// SIGKILL the server.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGSTOP: the server stops answering but keeps its sockets.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// SIGCONT after `pause`.
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    /// Start again on the same port and data directory.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        if let Some(child) = &self.child {
+            // A paused server must be resumed to die cleanly.
+            let _ = Command::new("kill")
+                .args(["-CONT", &child.id().to_string()])
+                .status();
+        }
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Wait for a condition that should become true soon; false on time-out.
+pub async fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A key no other test uses.
+pub fn unique(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Log to the test output when `RUST_LOG` is set.
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+}

@@ -1,0 +1,1496 @@
+//! The fault suite: lock clients in several processes, a nemesis that kills,
+//! pauses, partitions and restarts, a history checker, and fencing end to
+//! end. Bounded by default; the full run is
+//! `FAULT_FULL=1 cargo test -p tests --release --test fault_suite -- --nocapture`.
+//!
+//! Scenarios run one at a time (they share two CPU cores with everything
+//! else) and each prints its figures.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::IntoFuture;
+use std::io::{BufRead, BufReader, Write as _};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use lock_runtime::{distributed_lock, LockClient, LockError};
+use tests::fenced::FencedStore;
+use tests::history::{self, CheckConfig, Event, Fault, FaultKind, History, Kind, Report};
+use tests::proxy::{Mode, Proxy};
+use tests::{eventually, spawn_tied, unique, RedisServer};
+
+/// The lease of the fault workers (`fault_worker.rs`).
+const LEASE: Duration = Duration::from_secs(1);
+
+fn full() -> bool {
+    std::env::var("FAULT_FULL").is_ok_and(|v| v != "0" && !v.is_empty())
+}
+
+/// How workers lock: `mixed` (attribute or manual, a coin per op) unless
+/// `FAULT_MODE` says `manual` or `attr`.
+fn worker_mode() -> &'static str {
+    match std::env::var("FAULT_MODE").as_deref() {
+        Ok("manual") => "manual",
+        Ok("attr") => "attr",
+        _ => "mixed",
+    }
+}
+
+/// One scenario at a time.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn lock_keys(server: &RedisServer) -> Vec<String> {
+    let mut k: Vec<String> = server
+        .keys("lock:*")
+        .into_iter()
+        .filter(|k| !k.ends_with(":fence"))
+        .collect();
+    k.sort();
+    k
+}
+
+fn signal(pid: u32, sig: libc::c_int) {
+    // SAFETY: kill(2) on a child we spawned and have not reaped.
+    let rc = unsafe { libc::kill(pid as libc::pid_t, sig) };
+    assert_eq!(rc, 0, "kill({pid}, {sig}) failed");
+}
+
+fn rand_ms(lo: u64, hi: u64) -> Duration {
+    Duration::from_millis(fastrand::u64(lo..hi))
+}
+
+// ---------------------------------------------------------------------------
+// A fleet of fault_worker processes and what they report.
+
+#[derive(Default)]
+struct Live {
+    /// Per process: ops holding a lock (op -> acquired at).
+    holding: HashMap<u32, HashMap<u64, u64>>,
+    /// Per process: an op in a long hold, and until when (ns).
+    in_hold: HashMap<u32, (u64, u64)>,
+    /// Per process: `I <n>` — idle, with n locks still renewed.
+    idle: HashMap<u32, usize>,
+    errors: BTreeMap<String, u64>,
+    error_samples: Vec<String>,
+}
+
+struct Worker {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    reader: Option<JoinHandle<()>>,
+}
+
+struct Fleet {
+    lock_url: String,
+    store_url: String,
+    keys: Vec<String>,
+    tasks: usize,
+    mode: &'static str,
+    next_id: u32,
+    workers: BTreeMap<u32, Worker>,
+    events: Arc<Mutex<Vec<Event>>>,
+    faults: Arc<Mutex<Vec<Fault>>>,
+    live: Arc<Mutex<Live>>,
+    acquired: Arc<AtomicU64>,
+}
+
+impl Fleet {
+    fn new(
+        lock_url: String,
+        store_url: String,
+        keys: Vec<String>,
+        tasks: usize,
+        mode: &'static str,
+    ) -> Fleet {
+        Fleet {
+            lock_url,
+            store_url,
+            keys,
+            tasks,
+            mode,
+            next_id: 1,
+            workers: BTreeMap::new(),
+            events: Arc::default(),
+            faults: Arc::default(),
+            live: Arc::default(),
+            acquired: Arc::default(),
+        }
+    }
+
+    fn fault(&self, proc_id: Option<u32>, kind: FaultKind) {
+        self.faults.lock().unwrap().push(Fault::now(proc_id, kind));
+    }
+
+    fn spawn(&mut self) -> u32 {
+        let id = self.next_id;
+        self.next_id += 1;
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_fault_worker"));
+        cmd.args([
+            &self.lock_url,
+            &self.store_url,
+            &id.to_string(),
+            &self.keys.join(","),
+            &self.tasks.to_string(),
+            self.mode,
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+        let mut child = spawn_tied(cmd).expect("spawn fault_worker");
+        let stdout = child.stdout.take().unwrap();
+        let stdin = child.stdin.take();
+        let (events, live, acquired) = (
+            self.events.clone(),
+            self.live.clone(),
+            self.acquired.clone(),
+        );
+        let reader = std::thread::spawn(move || read_worker(id, stdout, events, live, acquired));
+        self.workers.insert(
+            id,
+            Worker {
+                child,
+                stdin,
+                reader: Some(reader),
+            },
+        );
+        id
+    }
+
+    fn ids(&self) -> Vec<u32> {
+        self.workers.keys().copied().collect()
+    }
+
+    /// A process that holds a lock now (waits up to `patience` for one).
+    fn pick_holder(&self, patience: Duration, in_long_hold: bool) -> u32 {
+        let deadline = Instant::now() + patience;
+        loop {
+            {
+                let live = self.live.lock().unwrap();
+                let now = history::now_ns();
+                let candidates: Vec<u32> = self
+                    .workers
+                    .keys()
+                    .copied()
+                    .filter(|p| {
+                        if in_long_hold {
+                            live.in_hold
+                                .get(p)
+                                .is_some_and(|&(_, until)| until > now + 30_000_000)
+                        } else {
+                            live.holding.get(p).is_some_and(|h| !h.is_empty())
+                        }
+                    })
+                    .collect();
+                if !candidates.is_empty() {
+                    return candidates[fastrand::usize(..candidates.len())];
+                }
+            }
+            if Instant::now() >= deadline {
+                let ids = self.ids();
+                return ids[fastrand::usize(..ids.len())];
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    fn kill(&mut self, id: u32) {
+        let mut w = self.workers.remove(&id).expect("worker");
+        let _ = w.child.kill();
+        let _ = w.child.wait();
+        self.fault(Some(id), FaultKind::Kill);
+        if let Some(r) = w.reader.take() {
+            r.join().unwrap();
+        }
+    }
+
+    fn pause(&self, id: u32, for_: Duration) {
+        let pid = self.workers[&id].child.id();
+        self.fault(Some(id), FaultKind::Stop);
+        signal(pid, libc::SIGSTOP);
+        std::thread::sleep(for_);
+        signal(pid, libc::SIGCONT);
+        self.fault(Some(id), FaultKind::Cont);
+    }
+
+    /// Stop every worker: no new ops; wait until each reports idle.
+    fn stop_all(&mut self, limit: Duration) -> HashMap<u32, usize> {
+        for w in self.workers.values_mut() {
+            if let Some(stdin) = w.stdin.as_mut() {
+                let _ = stdin.write_all(b"stop\n");
+                let _ = stdin.flush();
+            }
+        }
+        let ids = self.ids();
+        let deadline = Instant::now() + limit;
+        loop {
+            let idle = self.live.lock().unwrap().idle.clone();
+            if ids.iter().all(|id| idle.contains_key(id)) {
+                return idle;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "workers did not finish their ops within {limit:?}: idle {idle:?}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Close stdin of every worker and wait for them to exit.
+    fn exit_all(&mut self) {
+        for (id, mut w) in std::mem::take(&mut self.workers) {
+            drop(w.stdin.take());
+            let status = w.child.wait().unwrap();
+            assert!(status.success(), "worker {id} exited with {status:?}");
+            self.fault(Some(id), FaultKind::Exit);
+            if let Some(r) = w.reader.take() {
+                r.join().unwrap();
+            }
+        }
+    }
+
+    fn history(&self) -> History {
+        History {
+            events: self.events.lock().unwrap().clone(),
+            faults: self.faults.lock().unwrap().clone(),
+        }
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        for w in self.workers.values_mut() {
+            let _ = w.child.kill();
+            let _ = w.child.wait();
+        }
+    }
+}
+
+fn read_worker(
+    id: u32,
+    stdout: std::process::ChildStdout,
+    events: Arc<Mutex<Vec<Event>>>,
+    live: Arc<Mutex<Live>>,
+    acquired: Arc<AtomicU64>,
+) {
+    let mut r = BufReader::new(stdout);
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        match r.read_until(b'\n', &mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        // A line without its newline was torn by SIGKILL: not an event.
+        if buf.last() != Some(&b'\n') {
+            return;
+        }
+        let line = String::from_utf8_lossy(&buf);
+        let line = line.trim_end();
+        if let Some(ev) = Event::parse(line) {
+            assert_eq!(
+                ev.proc_id, id,
+                "worker {id} printed an event of another process"
+            );
+            let mut l = live.lock().unwrap();
+            match ev.kind {
+                Kind::Acquired { .. } => {
+                    acquired.fetch_add(1, Ordering::Relaxed);
+                    l.holding.entry(id).or_default().insert(ev.op, ev.t);
+                }
+                Kind::Hold { ms } => {
+                    l.in_hold.insert(id, (ev.op, ev.t + ms * 1_000_000));
+                }
+                Kind::Releasing | Kind::Lost | Kind::BodyEnd => {
+                    l.holding.entry(id).or_default().remove(&ev.op);
+                    if l.in_hold.get(&id).is_some_and(|&(op, _)| op == ev.op) {
+                        l.in_hold.remove(&id);
+                    }
+                }
+                _ => {}
+            }
+            drop(l);
+            events.lock().unwrap().push(ev);
+        } else if let Some(n) = line.strip_prefix("I ") {
+            live.lock()
+                .unwrap()
+                .idle
+                .insert(id, n.parse().expect("idle count"));
+        } else if let Some(msg) = line.strip_prefix("E ") {
+            let mut l = live.lock().unwrap();
+            // Group by the message without numbers (ports, timings).
+            let class: String = msg
+                .chars()
+                .filter(|c| !c.is_ascii_digit())
+                .take(90)
+                .collect();
+            *l.errors.entry(class).or_default() += 1;
+            if l.error_samples.len() < 5 {
+                l.error_samples.push(msg.to_owned());
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The nemesis.
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Nemesis {
+    KillHolder,
+    PauseHolder,
+    RestartRedis,
+    Delay,
+    Drop,
+    Blackhole,
+    Cut,
+    Refuse,
+}
+
+struct Scenario<'a> {
+    fleet: Fleet,
+    server: &'a mut RedisServer,
+    proxy: &'a Proxy,
+    /// The server comes back empty after a restart.
+    wipes: bool,
+}
+
+impl Scenario<'_> {
+    fn inject(&mut self, n: Nemesis) {
+        let proxy_for = |s: &Self, mode: Mode, kind: FaultKind, d: Duration| {
+            s.fleet.fault(None, kind);
+            s.proxy.set(mode);
+            std::thread::sleep(d);
+            s.proxy.set(Mode::Pass);
+            s.fleet.fault(None, FaultKind::ProxyHeal);
+        };
+        match n {
+            Nemesis::KillHolder => {
+                let id = self.fleet.pick_holder(Duration::from_secs(1), false);
+                self.fleet.kill(id);
+                self.fleet.spawn();
+            }
+            Nemesis::PauseHolder => {
+                // Best: a holder in the middle of a long hold, so its next
+                // write comes after its lease ran out.
+                let id = self.fleet.pick_holder(Duration::from_secs(3), true);
+                let d = LEASE.mul_f64(1.5 + fastrand::f64());
+                self.fleet.pause(id, d);
+            }
+            Nemesis::RestartRedis => {
+                self.fleet
+                    .fault(None, FaultKind::RedisDown { wipe: self.wipes });
+                self.server.restart();
+                self.fleet
+                    .fault(None, FaultKind::RedisUp { wipe: self.wipes });
+            }
+            Nemesis::Delay => {
+                let ms = fastrand::u64(30..300);
+                proxy_for(
+                    self,
+                    Mode::Delay(Duration::from_millis(ms)),
+                    FaultKind::ProxyDelay { ms },
+                    rand_ms(800, 2000),
+                );
+            }
+            Nemesis::Drop => proxy_for(self, Mode::Drop, FaultKind::ProxyDrop, rand_ms(200, 800)),
+            Nemesis::Blackhole => proxy_for(
+                self,
+                Mode::Blackhole,
+                FaultKind::ProxyBlackhole,
+                rand_ms(300, 2000),
+            ),
+            Nemesis::Refuse => proxy_for(
+                self,
+                Mode::Refuse,
+                FaultKind::ProxyRefuse,
+                rand_ms(200, 1200),
+            ),
+            Nemesis::Cut => {
+                self.fleet.fault(None, FaultKind::ProxyCut);
+                self.proxy.cut();
+            }
+        }
+    }
+}
+
+struct Plan {
+    title: &'static str,
+    target: u64,
+    limit: Duration,
+    schedule: Vec<Nemesis>,
+}
+
+/// Run workers under the nemesis until `target` acquisitions and one full
+/// schedule, then stop, measure, check. Returns the report (printed).
+fn run(mut s: Scenario<'_>, plan: Plan, workers: usize) -> Report {
+    for _ in 0..workers {
+        s.fleet.spawn();
+    }
+    let started = Instant::now();
+    let mut i = 0;
+    while (s.fleet.acquired.load(Ordering::Relaxed) < plan.target || i < plan.schedule.len())
+        && started.elapsed() < plan.limit
+    {
+        // Let the clients work between faults.
+        std::thread::sleep(rand_ms(200, 600));
+        s.inject(plan.schedule[i % plan.schedule.len()]);
+        i += 1;
+        if full() && i % 50 == 0 {
+            println!(
+                "  [{}] {:.0} s: {} acquisitions, {i} faults",
+                plan.title,
+                started.elapsed().as_secs_f64(),
+                s.fleet.acquired.load(Ordering::Relaxed)
+            );
+        }
+    }
+    let ran_for = started.elapsed();
+    s.proxy.set(Mode::Pass);
+
+    let idle = s.fleet.stop_all(Duration::from_secs(30));
+    let renewing: usize = idle.values().sum();
+    // Quiet period: idle clients must send no lock commands.
+    s.server.reset_stats();
+    std::thread::sleep(LEASE * 2);
+    let orphan_renewals = s.server.calls("evalsha");
+    // Locks of killed holders expire one lease after their last renewal.
+    let last_kill = s
+        .fleet
+        .faults
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|f| f.kind == FaultKind::Kill)
+        .map(|f| f.t)
+        .max()
+        .unwrap_or(0);
+    let expire_at = last_kill + (LEASE + Duration::from_millis(200)).as_nanos() as u64;
+    let now = history::now_ns();
+    if expire_at > now {
+        std::thread::sleep(Duration::from_nanos(expire_at - now));
+    }
+    let leftover = lock_keys(s.server);
+    s.fleet.exit_all();
+
+    let hist = s.fleet.history();
+    dump(&hist, plan.title);
+    let mut report = history::check(
+        &hist,
+        &CheckConfig {
+            lease: LEASE,
+            slop: Duration::from_millis(150),
+        },
+    );
+    report.orphan_renewals = Some(orphan_renewals + renewing as u64);
+    report.leftover_keys = Some(leftover);
+    report.extra.push((
+        "ran for".into(),
+        format!(
+            "{:.1} s under the nemesis ({} faults), {} worker processes x {} tasks on {} keys",
+            ran_for.as_secs_f64(),
+            i,
+            workers,
+            s.fleet.tasks,
+            s.fleet.keys.len()
+        ),
+    ));
+    let ps = s.proxy.stats();
+    report.extra.push((
+        "proxy".into(),
+        format!(
+            "{} connections, {} refused, {} cut, {} KiB forwarded, {} B dropped",
+            ps.accepted,
+            ps.refused,
+            ps.cut,
+            ps.bytes_forwarded / 1024,
+            ps.bytes_dropped
+        ),
+    ));
+    let live = s.fleet.live.lock().unwrap();
+    let errs: u64 = live.errors.values().sum();
+    report.extra.push((
+        "client errors seen".into(),
+        format!(
+            "{errs} ({} kinds); e.g. {:?}",
+            live.errors.len(),
+            live.error_samples.iter().take(2).collect::<Vec<_>>()
+        ),
+    ));
+    drop(live);
+    println!("{}", report.table(plan.title));
+    report
+}
+
+/// `FAULT_DUMP=dir`: write the history there, one line per event or fault.
+fn dump(hist: &History, title: &str) {
+    let Ok(dir) = std::env::var("FAULT_DUMP") else {
+        return;
+    };
+    let name: String = title
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    let mut out = String::new();
+    for e in &hist.events {
+        out.push_str(&e.to_line());
+        out.push('\n');
+    }
+    for f in &hist.faults {
+        out.push_str(&format!("F {} {:?} {:?}\n", f.t, f.proc_id, f.kind));
+    }
+    std::fs::write(
+        std::path::Path::new(&dir).join(format!("{name}.history")),
+        out,
+    )
+    .expect("write history dump");
+}
+
+fn schedule_all() -> Vec<Nemesis> {
+    use Nemesis::*;
+    vec![
+        KillHolder,
+        PauseHolder,
+        Delay,
+        RestartRedis,
+        Drop,
+        KillHolder,
+        Blackhole,
+        PauseHolder,
+        Cut,
+        Refuse,
+    ]
+}
+
+/// Fenced-store end check: the value in the store is the one written with
+/// the highest fence that was accepted (or whose reply was lost).
+fn check_store(
+    rt: &tokio::runtime::Runtime,
+    store_url: &str,
+    keys: &[String],
+    hist: &History,
+) -> String {
+    let mut best: HashMap<&str, u64> = HashMap::new();
+    let mut carried: HashMap<&str, std::collections::HashSet<u64>> = HashMap::new();
+    for e in &hist.events {
+        match e.kind {
+            Kind::WriteOk { fence } => {
+                let b = best.entry(&e.key).or_default();
+                *b = (*b).max(fence);
+            }
+            Kind::Write { fence } => {
+                carried.entry(&e.key).or_default().insert(fence);
+            }
+            _ => {}
+        }
+    }
+    rt.block_on(async {
+        let store = FencedStore::connect(store_url).await.unwrap();
+        let mut out = Vec::new();
+        for k in keys {
+            let Some((fence, _value)) = store.read(k).await.unwrap() else {
+                assert!(
+                    !best.contains_key(k.as_str()),
+                    "{k}: accepted writes but nothing stored"
+                );
+                continue;
+            };
+            let accepted = best.get(k.as_str()).copied().unwrap_or(0);
+            assert!(
+                fence >= accepted && carried.get(k.as_str()).is_some_and(|c| c.contains(&fence)),
+                "{k}: the store holds fence {fence}, the highest accepted write had {accepted}"
+            );
+            out.push(format!("{k}={fence}"));
+        }
+        out.join(" ")
+    })
+}
+
+/// ≥ 10^5 acquisitions with `FAULT_FULL=1`; a few thousand otherwise.
+#[test]
+fn nemesis_history_with_fencing() {
+    let _serial = serial();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut server = RedisServer::start_with(&[
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "always",
+        "--save",
+        "",
+    ]);
+    let store_server = RedisServer::start();
+    let proxy = Proxy::for_server(&server);
+    let (workers, tasks, nkeys, target, limit) = if full() {
+        (6, 6, 6, 100_000, Duration::from_secs(3600))
+    } else {
+        (4, 4, 4, 3_000, Duration::from_secs(60))
+    };
+    let keys: Vec<String> = (0..nkeys).map(|i| unique(&format!("hot{i}"))).collect();
+    let fleet = Fleet::new(
+        proxy.url(),
+        store_server.url(),
+        keys.clone(),
+        tasks,
+        worker_mode(),
+    );
+    let plan = Plan {
+        title: "nemesis + fencing (Redis with AOF, behind the fault proxy)",
+        target,
+        limit,
+        schedule: schedule_all(),
+    };
+    let scenario = Scenario {
+        fleet,
+        server: &mut server,
+        proxy: &proxy,
+        wipes: false,
+    };
+    let events = scenario.fleet.events.clone();
+    let faults = scenario.fleet.faults.clone();
+    let report = run(scenario, plan, workers);
+    let hist = History {
+        events: events.lock().unwrap().clone(),
+        faults: faults.lock().unwrap().clone(),
+    };
+    let stored = check_store(&rt, &store_server.url(), &keys, &hist);
+    println!("  {:<38} {stored}", "store (key=fence) at the end");
+    report.assert_clean();
+    assert!(
+        report.acquisitions >= target,
+        "only {} acquisitions in {limit:?}",
+        report.acquisitions
+    );
+    for kind in [
+        "kill -9 holder",
+        "SIGSTOP > lease",
+        "redis restart (persistent)",
+        "proxy delay",
+        "proxy drop",
+        "proxy black hole",
+        "proxy cut",
+        "proxy refuse",
+    ] {
+        assert!(
+            report.faults.get(kind).copied().unwrap_or(0) >= 1,
+            "no {kind} injected"
+        );
+    }
+    // The fencing case really happened, and the store stopped it.
+    assert!(
+        report.stale_attempted >= 1,
+        "no stale write was ever attempted: the scenario did not exercise fencing"
+    );
+    assert_eq!(report.stale_rejected, report.stale_attempted);
+    assert!(
+        report.paused_writes >= 1,
+        "no holder wrote after a pause past its lease"
+    );
+    assert_eq!(report.paused_writes_rejected, report.paused_writes_stale);
+}
+
+/// Redis restarts empty under load: the lock's guarantees are gone for the
+/// holders of that moment (documented), so the checker demands only what
+/// the library promises — every such holder is told (`Lost` or a failed
+/// release), none is confirmed across the wipe, and fences increase within
+/// each life of the server.
+#[test]
+fn restarts_without_persistence_under_load() {
+    let _serial = serial();
+    let mut server = RedisServer::start();
+    let proxy = Proxy::for_server(&server);
+    let keys: Vec<String> = (0..3).map(|i| unique(&format!("wipe{i}"))).collect();
+    let (target, limit) = if full() {
+        (20_000, Duration::from_secs(1200))
+    } else {
+        (1_000, Duration::from_secs(40))
+    };
+    let fleet = Fleet::new(proxy.url(), "-".into(), keys, 3, "manual");
+    use Nemesis::*;
+    let plan = Plan {
+        title: "Redis restarts without persistence (no fencing possible across a wipe)",
+        target,
+        limit,
+        schedule: vec![RestartRedis, KillHolder, RestartRedis, Cut, RestartRedis],
+    };
+    let scenario = Scenario {
+        fleet,
+        server: &mut server,
+        proxy: &proxy,
+        wipes: true,
+    };
+    let report = run(scenario, plan, 3);
+    report.assert_clean();
+    assert!(
+        report.acquisitions >= target,
+        "only {} acquisitions",
+        report.acquisitions
+    );
+    assert!(
+        report
+            .faults
+            .get("redis restart (empty)")
+            .copied()
+            .unwrap_or(0)
+            >= 3
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Focused scenarios.
+
+fn lock_worker(args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lock_worker"));
+    cmd.args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    cmd
+}
+
+/// A holder killed with SIGKILL: the lock is free again within lease +
+/// retry delay, every time.
+#[test]
+fn holder_crash_frees_the_lock_within_lease_plus_retry_delay() {
+    let _serial = serial();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let server = RedisServer::start();
+    let retry_delay = Duration::from_millis(1000);
+    let lease = Duration::from_millis(1000);
+    let client = rt
+        .block_on(
+            LockClient::builder()
+                .retry_delay(retry_delay)
+                .connect(&server.url()),
+        )
+        .unwrap();
+    let runs = if full() { 30 } else { 6 };
+    let bound = lease + retry_delay;
+    let mut freed = Vec::new();
+    for run in 0..runs {
+        let key = unique("crash");
+        let mut child = spawn_tied(lock_worker(&[
+            "hold",
+            &server.url(),
+            &key,
+            &lease.as_millis().to_string(),
+        ]))
+        .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(line.starts_with("HELD "), "holder said {line:?}");
+        // Kill at a random point of the renewal cycle.
+        std::thread::sleep(rand_ms(0, lease.as_millis() as u64));
+        let (c, k) = (client.clone(), key.clone());
+        let waiter = rt.spawn(async move {
+            let g = c.lock(&k).wait(Duration::from_secs(10)).await;
+            (history::now_ns(), g)
+        });
+        rt.block_on(async {
+            assert!(
+                eventually(Duration::from_secs(5), || client.waiting(&key) == 1).await,
+                "run {run}: the waiter never waited"
+            );
+        });
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let killed_at = history::now_ns();
+        let (got_at, guard) = rt.block_on(waiter).unwrap();
+        let guard = guard.unwrap_or_else(|e| {
+            panic!("run {run}: lock never came free after the holder died: {e}")
+        });
+        let took = Duration::from_nanos(got_at.saturating_sub(killed_at));
+        assert!(
+            took <= bound,
+            "run {run}: free only {took:?} after the holder died (bound {bound:?})"
+        );
+        rt.block_on(guard.release()).unwrap();
+        freed.push(took);
+    }
+    freed.sort();
+    println!(
+        "\n== holder crash ==\n  {:<38} {runs}\n  {:<38} min {:?}, median {:?}, max {:?} (bound lease + retry delay = {bound:?})",
+        "holders killed (SIGKILL)",
+        "lock free again after",
+        freed[0],
+        freed[freed.len() / 2],
+        freed[freed.len() - 1]
+    );
+}
+
+/// Poll Redis while guards are held: a guard whose lock Redis no longer has
+/// must report `Lost` within `notice`. Returns (lost, still held and
+/// present) at the end of `watch`.
+async fn never_silently_holding(
+    server: &RedisServer,
+    guards: &[lock_runtime::LockGuard],
+    watch: Duration,
+    notice: Duration,
+) -> (usize, usize) {
+    let mut missing_since: HashMap<usize, Instant> = HashMap::new();
+    let end = Instant::now() + watch;
+    while Instant::now() < end {
+        // Redis down: nothing to compare with this round.
+        if let Ok(mut conn) = redis::Client::open(server.url())
+            .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(200)))
+        {
+            for (i, g) in guards.iter().enumerate() {
+                if g.is_lost() {
+                    continue;
+                }
+                let hash = format!("lock:{{{}}}", g.key());
+                let Ok(has) = redis::cmd("HEXISTS")
+                    .arg(&hash)
+                    .arg(g.holder())
+                    .query::<i64>(&mut conn)
+                else {
+                    break;
+                };
+                if has == 1 {
+                    missing_since.remove(&i);
+                } else {
+                    let since = *missing_since.entry(i).or_insert_with(Instant::now);
+                    assert!(
+                        since.elapsed() <= notice,
+                        "{} still believes it holds {} {:?} after Redis lost it",
+                        g.holder(),
+                        g.key(),
+                        since.elapsed()
+                    );
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let lost = guards.iter().filter(|g| g.is_lost()).count();
+    (lost, guards.len() - lost)
+}
+
+/// Redis restarts (with and without persistence) or stays unreachable
+/// past the lease while locks are held: the watchdog reconnects and
+/// re-renews, or reports `Lost` — never keeps "holding" a lock Redis lost.
+#[test]
+fn redis_restart_while_held_renews_or_reports_lost() {
+    let _serial = serial();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let lease = Duration::from_millis(1000);
+    // A renewal every lease/3, plus reconnect back-off and a loaded machine.
+    let notice = lease;
+    let mut rows = Vec::new();
+    for case in ["restart with AOF", "restart empty", "unreachable > lease"] {
+        let mut server = match case {
+            "restart with AOF" => RedisServer::start_with(&[
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+            ]),
+            _ => RedisServer::start(),
+        };
+        let proxy = Proxy::for_server(&server);
+        let client = rt.block_on(LockClient::connect(&proxy.url())).unwrap();
+        let guards: Vec<_> = rt.block_on(async {
+            let mut v = Vec::new();
+            for i in 0..20 {
+                v.push(
+                    client
+                        .lock(unique(&format!("held{i}")))
+                        .lease(lease)
+                        .await
+                        .unwrap(),
+                );
+            }
+            v
+        });
+        match case {
+            "unreachable > lease" => {
+                proxy.set(Mode::Refuse);
+                std::thread::sleep(lease.mul_f64(1.5));
+                proxy.set(Mode::Pass);
+            }
+            _ => server.restart(),
+        }
+        let (lost, held) = rt.block_on(never_silently_holding(&server, &guards, lease * 3, notice));
+        match case {
+            "restart with AOF" => assert_eq!(
+                lost, 0,
+                "{case}: Redis kept the locks, the watchdog must renew them"
+            ),
+            _ => assert_eq!(
+                held, 0,
+                "{case}: every lock is gone from Redis; all must be reported lost"
+            ),
+        }
+        let mut released_ok = 0;
+        for g in guards {
+            let was_lost = g.is_lost();
+            let r = rt.block_on(g.release());
+            assert_eq!(
+                r.is_ok(),
+                !was_lost,
+                "{case}: release said {r:?} for a guard with is_lost = {was_lost}"
+            );
+            released_ok += usize::from(r.is_ok());
+        }
+        assert!(
+            lock_keys(&server).is_empty(),
+            "{case}: keys left: {:?}",
+            lock_keys(&server)
+        );
+        assert_eq!(client.held_count(), 0);
+        rows.push(format!(
+            "  {case:<38} 20 held: {held} renewed through it, {lost} reported lost; released Ok {released_ok}"
+        ));
+    }
+    println!("\n== Redis restart while held ==\n{}", rows.join("\n"));
+}
+
+/// Failed acquires leave nothing behind: wait time-outs, and attempts whose
+/// reply never came (black hole, drop) or came too late (delay).
+#[test]
+fn failed_acquires_leave_no_keys() {
+    let _serial = serial();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let server = RedisServer::start();
+    let proxy = Proxy::for_server(&server);
+    let op_timeout = Duration::from_millis(500);
+    let lease = Duration::from_secs(20);
+    let client = rt
+        .block_on(
+            LockClient::builder()
+                .op_timeout(op_timeout)
+                .lease(lease)
+                .connect(&proxy.url()),
+        )
+        .unwrap();
+    let mut rows = Vec::new();
+
+    // Wait time-outs on a held key.
+    let key = unique("contended");
+    let held = rt.block_on(client.lock(&key).into_future()).unwrap();
+    let timeouts = rt.block_on(async {
+        let tasks: Vec<_> = (0..100)
+            .map(|_| {
+                let (c, k) = (client.clone(), key.clone());
+                tokio::spawn(async move { c.lock(k).wait(rand_ms(1, 300)).await })
+            })
+            .collect();
+        let mut n = 0;
+        for t in tasks {
+            match t.await.unwrap() {
+                Err(LockError::Timeout { .. }) => n += 1,
+                other => panic!("expected a wait time-out, got {other:?}"),
+            }
+        }
+        n
+    });
+    assert_eq!(
+        client.waiting(&key),
+        0,
+        "timed-out waiters still registered"
+    );
+    rt.block_on(held.release()).unwrap();
+    let clean = rt.block_on(eventually(Duration::from_secs(2), || {
+        lock_keys(&server).is_empty()
+    }));
+    assert!(clean, "wait time-outs left {:?}", lock_keys(&server));
+    let channels = rt.block_on(eventually(Duration::from_secs(2), || {
+        server
+            .cmd::<Vec<String>>(&["PUBSUB", "CHANNELS"])
+            .is_empty()
+    }));
+    assert!(
+        channels,
+        "subscriptions left: {:?}",
+        server.cmd::<Vec<String>>(&["PUBSUB", "CHANNELS"])
+    );
+    rows.push(format!(
+        "  {:<38} {timeouts}/100 timed out; 0 keys, 0 subscriptions left",
+        "wait time-outs"
+    ));
+
+    // Replies that never come or come too late: `Backend` errors, and
+    // whatever Redis granted meanwhile is taken back.
+    // (what, mode, how long, do the requests reach Redis in the end?)
+    for (what, mode, hold, delivered) in [
+        (
+            "black hole",
+            Mode::Blackhole,
+            Duration::from_millis(1500),
+            true,
+        ),
+        ("drop", Mode::Drop, Duration::from_millis(1000), false),
+        (
+            "delay > op timeout",
+            Mode::Delay(Duration::from_millis(700)),
+            Duration::from_millis(1500),
+            true,
+        ),
+    ] {
+        // Start from a working connection (the previous case may have left
+        // it broken): then every acquire below is really sent.
+        let warm = rt.block_on(async {
+            for _ in 0..50 {
+                if let Ok(g) = client.lock(unique("warm")).await {
+                    return g.release().await.is_ok();
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            false
+        });
+        assert!(
+            warm,
+            "{what}: the client did not recover from the previous case"
+        );
+        server.reset_stats();
+        proxy.set(mode);
+        let started = Instant::now();
+        let results = rt.block_on(async {
+            let tasks: Vec<_> = (0..20)
+                .map(|i| {
+                    let c = client.clone();
+                    tokio::spawn(async move { c.lock(unique(&format!("failed{i}"))).await })
+                })
+                .collect();
+            let mut v = Vec::new();
+            for t in tasks {
+                v.push(t.await.unwrap());
+            }
+            v
+        });
+        let took = started.elapsed();
+        assert!(
+            took < Duration::from_secs(5),
+            "{what}: acquires took {took:?}"
+        );
+        for r in &results {
+            assert!(
+                matches!(r, Err(LockError::Backend(_))),
+                "{what}: expected a Backend error, got {r:?}"
+            );
+        }
+        std::thread::sleep(hold.saturating_sub(started.elapsed()));
+        proxy.set(Mode::Pass);
+        let healed = Instant::now();
+        let scripts = if delivered {
+            // The held-back acquires reach Redis (and are granted), followed
+            // by the releases the client sent when it gave up on them.
+            let arrived = rt.block_on(eventually(Duration::from_secs(5), || {
+                server.calls("evalsha") >= 40
+            }));
+            assert!(
+                arrived,
+                "{what}: only {} EVALSHA reached Redis after healing",
+                server.calls("evalsha")
+            );
+            server.calls("evalsha")
+        } else {
+            server.calls("evalsha")
+        };
+        // Cleaned up by the library, not by the 20 s lease.
+        let clean = rt.block_on(eventually(Duration::from_secs(2), || {
+            lock_keys(&server).is_empty()
+        }));
+        assert!(
+            clean,
+            "{what}: keys left after the fault healed: {:?}",
+            lock_keys(&server)
+        );
+        rows.push(format!(
+            "  {what:<38} 20/20 failed with Backend in {took:.0?}; {scripts} scripts reached Redis; 0 keys {:.0?} after healing",
+            healed.elapsed()
+        ));
+    }
+    assert_eq!(client.held_count(), 0);
+    println!("\n== failed acquires ==\n{}", rows.join("\n"));
+}
+
+/// A grant whose reply arrives after the lease it asked for has run out is
+/// not a held lock: the caller must not be told it holds it.
+#[test]
+fn acquire_reply_slower_than_the_lease_is_not_a_held_lock() {
+    let _serial = serial();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let server = RedisServer::start();
+    let proxy = Proxy::for_server(&server);
+    let client = rt
+        .block_on(
+            LockClient::builder()
+                .op_timeout(Duration::from_secs(3))
+                .connect(&proxy.url()),
+        )
+        .unwrap();
+    let key = unique("slow");
+    // 700 ms there, 700 ms back: Redis grants at ~0.7 s, expires the lock
+    // at ~1.2 s, and the reply arrives at ~1.4 s.
+    proxy.set(Mode::Delay(Duration::from_millis(700)));
+    let lease = Duration::from_millis(500);
+    let started = Instant::now();
+    let r = rt.block_on(async { client.lock(&key).lease(lease).await });
+    let took = started.elapsed();
+    proxy.set(Mode::Pass);
+    match r {
+        Ok(g) => {
+            let lost = g.is_lost();
+            let still = server.exists(&format!("lock:{{{key}}}"));
+            drop(g);
+            panic!(
+                "got a guard {took:?} after asking for a {lease:?} lease (lost flag {lost}, in Redis {still}): \
+                 the caller is told it holds a lock whose lease already ran out"
+            );
+        }
+        Err(e) => {
+            assert!(matches!(e, LockError::Backend(_)), "{e:?}");
+            let clean = rt.block_on(eventually(Duration::from_secs(2), || {
+                lock_keys(&server).is_empty()
+            }));
+            assert!(
+                clean,
+                "the late grant was left in Redis: {:?}",
+                lock_keys(&server)
+            );
+            assert_eq!(client.held_count(), 0, "a late grant is being renewed");
+            println!(
+                "\n== late grant ==\n  {:<38} refused after {took:?}: {e}",
+                "reply after the lease ran out"
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Cancellation fuzz.
+
+#[derive(Debug)]
+enum FuzzError {
+    Lock(LockError),
+    /// The body ran although `current_fence()` said no lock is held.
+    NoLock,
+}
+
+impl From<LockError> for FuzzError {
+    fn from(e: LockError) -> Self {
+        FuzzError::Lock(e)
+    }
+}
+
+#[derive(Default)]
+struct FuzzStats {
+    futures: AtomicU64,
+    manual: AtomicU64,
+    attributed: AtomicU64,
+    /// Dropped before the lock future finished (before/during acquire).
+    dropped_acquiring: AtomicU64,
+    /// Guard dropped (or released) right after acquire.
+    dropped_after_acquire: AtomicU64,
+    /// Guard held past a renewal (lease/3), then dropped.
+    dropped_while_renewing: AtomicU64,
+    /// Attributed call dropped while its body ran.
+    dropped_mid_body: AtomicU64,
+    /// Attributed bodies dropped past a renewal.
+    dropped_mid_body_renewing: AtomicU64,
+    completed: AtomicU64,
+    wait_timeouts: AtomicU64,
+    errors: AtomicU64,
+    bodies_without_lock: AtomicU64,
+}
+
+const FUZZ_LEASE: Duration = Duration::from_millis(300);
+
+#[distributed_lock(key = "fuzz:{key}", lease = "300ms", wait = "50ms")]
+async fn fuzz_body(key: &str, hold: Duration, entered: &AtomicU64) -> Result<(), FuzzError> {
+    if lock_runtime::current_fence().is_none() {
+        return Err(FuzzError::NoLock);
+    }
+    entered.fetch_add(1, Ordering::SeqCst);
+    tokio::time::sleep(hold).await;
+    Ok(())
+}
+
+/// Resolves after `n` polls: a drop at an exact poll of the other branch.
+async fn after_polls(n: u32) {
+    for _ in 0..n {
+        tokio::task::yield_now().await;
+    }
+}
+
+async fn fuzz_one(
+    client: &LockClient,
+    keys: &[String],
+    tick: &tokio::sync::Notify,
+    st: &FuzzStats,
+) {
+    st.futures.fetch_add(1, Ordering::Relaxed);
+    let key = &keys[fastrand::usize(..keys.len())];
+    // Short leases renew every 100 ms; long ones prove clean-up is not expiry.
+    let lease = if fastrand::bool() {
+        FUZZ_LEASE
+    } else {
+        Duration::from_secs(10)
+    };
+    let wait = rand_ms(0, 50);
+    let count = |r: &Result<lock_runtime::LockGuard, LockError>| match r {
+        Ok(_) => {}
+        Err(LockError::Timeout { .. }) => {
+            st.wait_timeouts.fetch_add(1, Ordering::Relaxed);
+        }
+        Err(_) => {
+            st.errors.fetch_add(1, Ordering::Relaxed);
+        }
+    };
+    match fastrand::u32(..6) {
+        // Manual, dropped after a random number of polls (0 = never polled).
+        0 => {
+            st.manual.fetch_add(1, Ordering::Relaxed);
+            let fut = client
+                .lock(format!("fuzz:{key}"))
+                .lease(lease)
+                .wait(wait)
+                .into_future();
+            tokio::select! {
+                biased;
+                r = fut => { count(&r); if r.is_ok() { st.dropped_after_acquire.fetch_add(1, Ordering::Relaxed); } }
+                () = after_polls(fastrand::u32(..6)) => { st.dropped_acquiring.fetch_add(1, Ordering::Relaxed); }
+            }
+        }
+        // Manual, under a tiny time budget.
+        1 => {
+            st.manual.fetch_add(1, Ordering::Relaxed);
+            let budget = Duration::from_micros(fastrand::u64(0..3000));
+            match tokio::time::timeout(
+                budget,
+                client.lock(format!("fuzz:{key}")).lease(lease).wait(wait),
+            )
+            .await
+            {
+                Ok(r) => {
+                    count(&r);
+                    if r.is_ok() {
+                        st.dropped_after_acquire.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                Err(_) => {
+                    st.dropped_acquiring.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        // Manual, held a while (across renewals), then dropped or released.
+        2 => {
+            st.manual.fetch_add(1, Ordering::Relaxed);
+            match tokio::time::timeout(
+                Duration::from_millis(30),
+                client.lock(format!("fuzz:{key}")).lease(lease).wait(wait),
+            )
+            .await
+            {
+                Ok(Ok(g)) => {
+                    let hold = rand_ms(0, 400);
+                    tokio::time::sleep(hold).await;
+                    if hold >= lease / 3 {
+                        st.dropped_while_renewing.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        st.dropped_after_acquire.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if fastrand::bool() {
+                        drop(g);
+                    } else {
+                        let _ = g.release().await;
+                    }
+                }
+                Ok(r) => count(&r),
+                Err(_) => {
+                    st.dropped_acquiring.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        // Manual, raced against a random event of the whole system.
+        3 => {
+            st.manual.fetch_add(1, Ordering::Relaxed);
+            let fut = client
+                .lock(format!("fuzz:{key}"))
+                .lease(lease)
+                .wait(wait)
+                .into_future();
+            tokio::select! {
+                r = fut => {
+                    count(&r);
+                    if let Ok(g) = r {
+                        tick.notified().await;
+                        st.dropped_after_acquire.fetch_add(1, Ordering::Relaxed);
+                        drop(g);
+                    }
+                }
+                () = tick.notified() => { st.dropped_acquiring.fetch_add(1, Ordering::Relaxed); }
+            }
+        }
+        // Attributed, under a random budget: before, during or mid-body.
+        _ => {
+            st.attributed.fetch_add(1, Ordering::Relaxed);
+            let entered = AtomicU64::new(0);
+            let hold = rand_ms(0, 400);
+            let budget = rand_ms(0, 400);
+            let call = fuzz_body(key, hold, &entered);
+            let out = if fastrand::bool() {
+                tokio::time::timeout(budget, call).await.ok()
+            } else {
+                tokio::select! {
+                    r = call => Some(r),
+                    () = tick.notified() => None,
+                }
+            };
+            let ran = entered.load(Ordering::SeqCst) > 0;
+            match out {
+                Some(Ok(())) => {
+                    st.completed.fetch_add(1, Ordering::Relaxed);
+                }
+                Some(Err(FuzzError::NoLock)) => {
+                    st.bodies_without_lock.fetch_add(1, Ordering::Relaxed);
+                }
+                Some(Err(FuzzError::Lock(LockError::Timeout { .. }))) => {
+                    st.wait_timeouts.fetch_add(1, Ordering::Relaxed);
+                }
+                Some(Err(FuzzError::Lock(_))) => {
+                    st.errors.fetch_add(1, Ordering::Relaxed);
+                }
+                None if ran && budget.min(hold) >= FUZZ_LEASE / 3 => {
+                    st.dropped_mid_body_renewing.fetch_add(1, Ordering::Relaxed);
+                }
+                None if ran => {
+                    st.dropped_mid_body.fetch_add(1, Ordering::Relaxed);
+                }
+                None => {
+                    st.dropped_acquiring.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+}
+
+/// 10^4 lock futures, manual and attributed, dropped at random points:
+/// afterwards nothing is renewed, nothing is held, nothing is left.
+#[test]
+fn cancellation_fuzz() {
+    let _serial = serial();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let server = tests::global::redis().await;
+        let client = lock_runtime::client().unwrap();
+        let n: u64 = 10_000;
+        let concurrency = 64;
+        // A few hot keys (waiting, wake-ups) among many cold ones.
+        let keys: Arc<Vec<String>> = Arc::new(
+            (0..4)
+                .map(|i| unique(&format!("hot{i}")))
+                .chain((0..4).flat_map(|_| (0..64).map(|i| unique(&format!("cold{i}")))).take(4 * 64))
+                .collect(),
+        );
+        let st = Arc::new(FuzzStats::default());
+        let tick = Arc::new(tokio::sync::Notify::new());
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let ticker = {
+            let (tick, done) = (tick.clone(), done.clone());
+            tokio::spawn(async move {
+                while !done.load(Ordering::Relaxed) {
+                    tokio::time::sleep(Duration::from_micros(fastrand::u64(200..5000))).await;
+                    tick.notify_waiters();
+                }
+            })
+        };
+        let started = Instant::now();
+        let next = Arc::new(AtomicU64::new(0));
+        let tasks: Vec<_> = (0..concurrency)
+            .map(|_| {
+                let (client, keys, tick, st, next) = (client.clone(), keys.clone(), tick.clone(), st.clone(), next.clone());
+                tokio::spawn(async move {
+                    while next.fetch_add(1, Ordering::Relaxed) < n {
+                        fuzz_one(&client, &keys, &tick, &st).await;
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        done.store(true, Ordering::Relaxed);
+        ticker.await.unwrap();
+        let ran_for = started.elapsed();
+
+        // Nothing renewed, nothing held: at once, not at lease expiry.
+        let t0 = Instant::now();
+        let held_zero = eventually(Duration::from_secs(2), || client.held_count() == 0).await;
+        assert!(held_zero, "{} locks still renewed", client.held_count());
+        let clean = eventually(Duration::from_secs(2), || lock_keys(server).is_empty()).await;
+        let cleaned_in = t0.elapsed();
+        let leftover = lock_keys(server);
+        assert!(clean, "locks left 2 s after the last future was dropped (10 s leases): {leftover:?}");
+        let unsubscribed = eventually(Duration::from_secs(2), || {
+            server.cmd::<Vec<String>>(&["PUBSUB", "CHANNELS"]).is_empty()
+        })
+        .await;
+        assert!(unsubscribed, "subscriptions left: {:?}", server.cmd::<Vec<String>>(&["PUBSUB", "CHANNELS"]));
+        for k in keys.iter() {
+            assert_eq!(client.waiting(&format!("fuzz:{k}")), 0, "waiters left on {k}");
+        }
+        // Quiet period: two short leases, and a renewal interval of the long.
+        server.reset_stats();
+        tokio::time::sleep(FUZZ_LEASE * 2 + Duration::from_millis(400)).await;
+        let orphan = server.calls("evalsha") + server.calls("eval");
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        println!(
+            "\n== cancellation fuzz ==\n\
+             \x20 {:<38} {} in {:.1} s ({} manual, {} attributed; {} at a time)\n\
+             \x20 {:<38} acquiring {}, right after acquire {}, while renewing {}, mid-body {}, mid-body while renewing {}\n\
+             \x20 {:<38} completed {}, wait time-outs {}, errors {}, bodies run without the lock {}\n\
+             \x20 {:<38} {orphan}\n\
+             \x20 {:<38} {} (all gone {:?} after the last drop; leases were 300 ms or 10 s)\n\
+             \x20 {:<38} {}",
+            "lock futures",
+            g(&st.futures),
+            ran_for.as_secs_f64(),
+            g(&st.manual),
+            g(&st.attributed),
+            concurrency,
+            "dropped",
+            g(&st.dropped_acquiring),
+            g(&st.dropped_after_acquire),
+            g(&st.dropped_while_renewing),
+            g(&st.dropped_mid_body),
+            g(&st.dropped_mid_body_renewing),
+            "not dropped",
+            g(&st.completed),
+            g(&st.wait_timeouts),
+            g(&st.errors),
+            g(&st.bodies_without_lock),
+            "orphan renewals (EVALSHA in 1 s)",
+            "leftover lock keys",
+            leftover.len(),
+            cleaned_in,
+            "locks still renewed (held_count)",
+            client.held_count(),
+        );
+        assert_eq!(orphan, 0, "lock commands sent by a client that holds nothing");
+        assert_eq!(g(&st.bodies_without_lock), 0, "attributed bodies ran without the lock");
+        assert_eq!(g(&st.errors), 0, "backend errors against a healthy Redis");
+        assert_eq!(g(&st.futures), n);
+        for (what, a) in [
+            ("dropped while acquiring", &st.dropped_acquiring),
+            ("dropped after acquire", &st.dropped_after_acquire),
+            ("dropped while renewing", &st.dropped_while_renewing),
+            ("dropped mid-body", &st.dropped_mid_body),
+            ("dropped mid-body while renewing", &st.dropped_mid_body_renewing),
+        ] {
+            assert!(g(a) > 0, "the fuzz never hit: {what}");
+        }
+    });
+}

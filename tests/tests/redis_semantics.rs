@@ -1,0 +1,264 @@
+//! The attribute and manual API against a real `redis-server`, with checks of
+//! what Redis holds at each step.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_runtime::{distributed_lock, LockClient, LockError};
+use tests::semantics::{self, AppError};
+use tests::{eventually, global, unique};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mutual_exclusion_many_tasks() {
+    global::redis().await;
+    semantics::mutual_exclusion(32, 20).await;
+}
+
+#[distributed_lock(key = "rmw:{key}", wait = "30s")]
+async fn redis_increment(
+    key: &str,
+    conn: &mut redis::aio::MultiplexedConnection,
+) -> Result<(), AppError> {
+    // A deliberate read-modify-write: only the lock makes it safe.
+    let v: Option<i64> = redis::cmd("GET").arg(key).query_async(conn).await.unwrap();
+    tokio::task::yield_now().await;
+    let _: () = redis::cmd("SET")
+        .arg(key)
+        .arg(v.unwrap_or(0) + 1)
+        .query_async(conn)
+        .await
+        .unwrap();
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mutual_exclusion_read_modify_write_in_redis() {
+    let server = global::redis().await;
+    let key = unique("counter");
+    let (tasks, rounds) = (24, 25);
+    let mut handles = Vec::new();
+    for _ in 0..tasks {
+        let key = key.clone();
+        let url = server.url();
+        handles.push(tokio::spawn(async move {
+            let mut conn = redis::Client::open(url)
+                .unwrap()
+                .get_multiplexed_async_connection()
+                .await
+                .unwrap();
+            for _ in 0..rounds {
+                redis_increment(&key, &mut conn).await.unwrap();
+            }
+        }));
+    }
+    for h in handles {
+        h.await.unwrap();
+    }
+    let n: i64 = server.cmd(&["GET", &key]);
+    assert_eq!(n, (tasks * rounds) as i64);
+}
+
+#[tokio::test]
+async fn try_once_fails_fast() {
+    global::redis().await;
+    semantics::try_once_fails_fast().await;
+}
+
+#[tokio::test]
+async fn waiter_is_woken_by_release_message() {
+    let server = global::redis().await;
+    // Fallback retries far beyond the wait: only pub/sub can hand over.
+    let client = LockClient::builder()
+        .retry_delay(Duration::from_secs(600))
+        .connect(&server.url())
+        .await
+        .unwrap();
+    semantics::waiter_woken_by_release(&client).await;
+}
+
+#[tokio::test]
+async fn reentrancy_counts_in_redis_and_frees_after_outermost() {
+    let server = global::redis().await;
+    let name = semantics::reentrancy().await;
+    assert!(!server.exists(&format!("lock:{{{name}}}")));
+}
+
+#[distributed_lock(key = "count:{key}")]
+async fn nested_probe(
+    key: &str,
+    depth: u32,
+    counts: &mut Vec<i64>,
+    url: &str,
+) -> Result<(), AppError> {
+    let hash = format!("lock:{{count:{key}}}");
+    let mut c = redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let vals: Vec<i64> = redis::cmd("HVALS")
+        .arg(&hash)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(vals.len(), 1, "one holder field in {hash}");
+    counts.push(vals[0]);
+    if depth > 1 {
+        Box::pin(nested_probe(key, depth - 1, counts, url)).await?;
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn redis_hash_holds_reentry_count() {
+    let server = global::redis().await;
+    let key = unique("count");
+    let mut counts = Vec::new();
+    nested_probe(&key, 3, &mut counts, &server.url())
+        .await
+        .unwrap();
+    assert_eq!(counts, vec![1, 2, 3]);
+    assert!(!server.exists(&format!("lock:{{count:{key}}}")));
+}
+
+#[tokio::test]
+async fn redis_layout_hash_fence_and_cleanup() {
+    let server = global::redis().await;
+    let client = lock_runtime::client().unwrap();
+    let key = unique("layout");
+    let hash = format!("lock:{{{key}}}");
+    let guard = client
+        .lock(&key)
+        .lease(Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(server.cmd::<String>(&["TYPE", &hash]), "hash");
+    let fields: Vec<String> = server.cmd(&["HKEYS", &hash]);
+    assert_eq!(fields, vec![guard.holder().to_string()]);
+    assert!(guard.holder().starts_with(client.id()));
+    let pttl: i64 = server.cmd(&["PTTL", &hash]);
+    assert!(
+        pttl > 5_000 && pttl <= 10_000,
+        "lease is the expiry: {pttl}"
+    );
+    let fence: u64 = server.cmd(&["GET", &format!("{hash}:fence")]);
+    assert_eq!(fence, guard.fence());
+    guard.release().await.unwrap();
+    assert_eq!(
+        server.keys(&format!("lock:{{{key}}}*")),
+        vec![format!("{hash}:fence")]
+    );
+}
+
+#[tokio::test]
+async fn release_on_question_mark_panic_and_cancel_leaves_nothing() {
+    let server = global::redis().await;
+    let names = semantics::release_on_every_exit().await;
+    for name in names {
+        let hash = format!("lock:{{{name}}}");
+        assert!(
+            eventually(Duration::from_secs(2), || !server.exists(&hash)).await,
+            "{hash} left behind"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watchdog_keeps_a_one_second_lease_alive() {
+    global::redis().await;
+    semantics::watchdog_keeps_lease().await;
+}
+
+#[distributed_lock(key = "{key}", lease = "1s")]
+async fn stoppable(
+    key: &str,
+    entered: tokio::sync::oneshot::Sender<()>,
+    finished: &AtomicBool,
+) -> Result<(), AppError> {
+    let _ = entered.send(());
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    finished.store(true, Ordering::SeqCst);
+    Ok(())
+}
+
+#[tokio::test]
+async fn deleted_lock_is_lost_and_body_stopped() {
+    let server = global::redis().await;
+    let key = unique("deleted");
+    let finished = Arc::new(AtomicBool::new(false));
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let (k, f) = (key.clone(), finished.clone());
+    let call = tokio::spawn(async move { stoppable(&k, tx, &f).await });
+    rx.await.unwrap();
+    let _: i64 = server.cmd(&["DEL", &format!("lock:{{{key}}}")]);
+    // The next renewal (within lease/3 ≈ 333 ms) finds it gone.
+    let res = tokio::time::timeout(Duration::from_secs(5), call)
+        .await
+        .expect("body was not stopped within 5 s")
+        .unwrap();
+    assert!(
+        matches!(res, Err(AppError::Lock(LockError::Lost { .. }))),
+        "{res:?}"
+    );
+    assert!(
+        !finished.load(Ordering::SeqCst),
+        "body ran on after the loss"
+    );
+}
+
+#[tokio::test]
+async fn manual_guard_reports_loss_on_release() {
+    let server = global::redis().await;
+    let client = lock_runtime::client().unwrap();
+    let key = unique("manual-lost");
+    let guard = client
+        .lock(&key)
+        .lease(Duration::from_secs(1))
+        .await
+        .unwrap();
+    let _: i64 = server.cmd(&["DEL", &format!("lock:{{{key}}}")]);
+    tokio::time::timeout(Duration::from_secs(5), guard.lost())
+        .await
+        .expect("loss noticed");
+    assert!(guard.is_lost());
+    assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
+}
+
+#[tokio::test]
+async fn fences_strictly_increase_across_clients() {
+    let server = global::redis().await;
+    let a = LockClient::connect(&server.url()).await.unwrap();
+    let b = LockClient::connect(&server.url()).await.unwrap();
+    semantics::fences_increase(&[a, b, lock_runtime::client().unwrap()]).await;
+}
+
+#[tokio::test]
+async fn empty_key_is_invalid() {
+    global::redis().await;
+    semantics::empty_key_rejected().await;
+}
+
+#[tokio::test]
+async fn dropped_lock_future_leaves_no_lock() {
+    let server = global::redis().await;
+    let client = LockClient::connect(&server.url()).await.unwrap();
+    // Drop acquire futures at many points, granted or not.
+    for i in 0..200u64 {
+        let key = format!("{}-{i}", unique("drop"));
+        let fut = client.lock(&key).into_future();
+        let budget = Duration::from_micros(i * 5);
+        let _ = tokio::time::timeout(budget, fut).await;
+    }
+    assert!(
+        eventually(Duration::from_secs(3), || server
+            .keys("lock:{drop-*}")
+            .is_empty())
+        .await,
+        "locks left behind: {:?}",
+        server.keys("lock:{drop-*}")
+    );
+    assert!(eventually(Duration::from_secs(3), || client.held_count() == 0).await);
+}
+
+use std::future::IntoFuture;
