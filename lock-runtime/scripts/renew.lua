@@ -1,10 +1,11 @@
 -- Extend many locks at once: one call per watchdog tick and node.
--- KEYS[i] lock hash; ARGV[2i-1] owner id, ARGV[2i] lease in ms.
--- Returns one flag per key: 1 renewed, 0 no longer ours.
+-- ARGV[1] lease in ms (shared by the call); KEYS[i] lock hash, ARGV[i + 1]
+-- its owner id. Returns one flag per key: 1 renewed, 0 no longer ours.
 local out = {}
+local lease = ARGV[1]
 for i = 1, #KEYS do
-  if redis.call('hexists', KEYS[i], ARGV[2 * i - 1]) == 1 then
-    redis.call('pexpire', KEYS[i], ARGV[2 * i])
+  if redis.call('hexists', KEYS[i], ARGV[i + 1]) == 1 then
+    redis.call('pexpire', KEYS[i], lease)
     out[i] = 1
   else
     out[i] = 0

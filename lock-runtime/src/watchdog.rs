@@ -25,6 +25,11 @@ pub(crate) struct Watchdog {
 
 struct Shared {
     entries: Mutex<HashMap<EntryKey, Entry>>,
+    /// When the task will next look at the entries (None: not scheduled).
+    /// Written under the `entries` lock, so a new lock that falls due later
+    /// than this needs no wake-up: with many locks held, taking one more
+    /// costs no scan of the others.
+    scheduled: Mutex<Option<Instant>>,
     wake: Notify,
     next_id: AtomicU64,
     started: std::sync::Once,
@@ -82,6 +87,7 @@ impl Watchdog {
         Watchdog {
             shared: Arc::new(Shared {
                 entries: Mutex::new(HashMap::new()),
+                scheduled: Mutex::new(None),
                 wake: Notify::new(),
                 next_id: AtomicU64::new(1),
                 started: std::sync::Once::new(),
@@ -102,9 +108,9 @@ impl Watchdog {
         self.start(io, backend);
         let key: EntryKey = (renewal.name.hash.clone(), renewal.owner.clone());
         let mut entries = self.shared.entries.lock().unwrap();
-        let mut shorter = false;
+        let mut fresh = false;
         let entry = entries.entry(key.clone()).or_insert_with(|| {
-            shorter = true;
+            fresh = true;
             Entry {
                 id: self.shared.next_id.fetch_add(1, Ordering::Relaxed),
                 next_due: granted_at + interval(renewal.lease),
@@ -125,8 +131,11 @@ impl Watchdog {
             id: entry.id,
             lost: entry.lost.subscribe(),
         };
+        let due = entry.next_due.min(entry.deadline);
+        let wake =
+            fresh && !matches!(*self.shared.scheduled.lock().unwrap(), Some(at) if at <= due);
         drop(entries);
-        if shorter {
+        if wake {
             self.shared.wake.notify_one();
         }
         held
@@ -173,13 +182,12 @@ async fn run(shared: Arc<Shared>, backend: Arc<dyn Backend>) {
         if shared.closed.load(Ordering::Acquire) {
             return;
         }
-        let next = shared
-            .entries
-            .lock()
-            .unwrap()
-            .values()
-            .map(|e| e.next_due.min(e.deadline))
-            .min();
+        let next = {
+            let entries = shared.entries.lock().unwrap();
+            let next = entries.values().map(|e| e.next_due.min(e.deadline)).min();
+            *shared.scheduled.lock().unwrap() = next;
+            next
+        };
         match next {
             Some(at) => tokio::select! {
                 _ = tokio::time::sleep_until(at) => tick(&shared, &*backend).await,

@@ -195,27 +195,44 @@ impl RedisNode {
     }
 
     async fn renew_once(&self, batch: &[Renewal]) -> Result<Vec<Renewed>, LockError> {
+        // One EVALSHA per lease and chunk: locks of a client mostly share a
+        // lease, which then travels once per call instead of once per lock.
+        let mut order: Vec<usize> = (0..batch.len()).collect();
+        order.sort_by_key(|&i| batch[i].lease);
         let mut pipe = Pipeline::new();
-        for chunk in batch.chunks(RENEW_CHUNK) {
-            let keys: Vec<&str> = chunk.iter().map(|r| &*r.name.hash).collect();
-            let leases: Vec<String> = chunk.iter().map(|r| millis(r.lease).to_string()).collect();
-            let mut args: Vec<&str> = Vec::with_capacity(chunk.len() * 2);
-            for (r, l) in chunk.iter().zip(&leases) {
-                args.push(&r.owner);
-                args.push(l);
+        let mut calls = 0;
+        for group in order.chunk_by(|&a, &b| batch[a].lease == batch[b].lease) {
+            let lease = millis(batch[group[0]].lease).to_string();
+            for chunk in group.chunks(RENEW_CHUNK) {
+                let keys: Vec<&str> = chunk.iter().map(|&i| &*batch[i].name.hash).collect();
+                let mut args: Vec<&str> = Vec::with_capacity(chunk.len() + 1);
+                args.push(&lease);
+                args.extend(chunk.iter().map(|&i| &*batch[i].owner));
+                pipe.add_command(scripts::RENEW.evalsha(&keys, &args));
+                calls += 1;
             }
-            pipe.add_command(scripts::RENEW.evalsha(&keys, &args));
         }
         let flags: Vec<Vec<i64>> = self.query(pipe_cmd(pipe), "renewing locks").await?;
-        Ok(flags
+        if flags.len() != calls {
+            return Err(LockError::other(format!(
+                "renewing locks: {} replies to {calls} calls",
+                flags.len()
+            )));
+        }
+        let mut out: Vec<Option<Renewed>> = (0..batch.len()).map(|_| None).collect();
+        for (&i, f) in order.iter().zip(flags.into_iter().flatten()) {
+            out[i] = Some(if f == 1 {
+                Renewed::Yes
+            } else {
+                Renewed::NotOwner
+            });
+        }
+        Ok(out
             .into_iter()
-            .flatten()
-            .map(|f| {
-                if f == 1 {
-                    Renewed::Yes
-                } else {
-                    Renewed::NotOwner
-                }
+            .map(|o| {
+                o.unwrap_or_else(|| {
+                    Renewed::Failed(LockError::other("renewing locks: reply too short"))
+                })
             })
             .collect())
     }
