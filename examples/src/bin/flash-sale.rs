@@ -137,11 +137,19 @@ async fn main() -> ExitCode {
         }
         None => {
             init_tracing("warn");
-            match demo(cli.demo).await {
-                Ok(code) => code,
-                Err(e) => {
-                    eprintln!("flash-sale: {e}");
-                    ExitCode::FAILURE
+            // On ctrl-c or SIGTERM the demo future is dropped, and with it
+            // every instance and the temporary Redis (killed on drop).
+            tokio::select! {
+                result = demo(cli.demo) => match result {
+                    Ok(code) => code,
+                    Err(e) => {
+                        eprintln!("flash-sale: {e}");
+                        ExitCode::FAILURE
+                    }
+                },
+                () = service::shutdown_signal() => {
+                    eprintln!("\nflash-sale: interrupted; stopped every process it started");
+                    ExitCode::from(130)
                 }
             }
         }

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
 
 use super::service::{ErrorBody, OrderRequest};
 
@@ -79,6 +80,9 @@ impl LoadResult {
 
 #[derive(Default)]
 struct Counters {
+    /// Orders whose last answer came back (a retried order counts once).
+    finished: AtomicU64,
+    /// Answers, retries included.
     done: AtomicU64,
     created: AtomicU64,
     sold_out: AtomicU64,
@@ -103,8 +107,8 @@ impl Counters {
     fn line(&self, label: &str, planned: usize, started: Instant) -> String {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         format!(
-            "  [{label:>6}] {:>5}/{planned} requests  201 {:>4} | 409 sold out {:>5} | 409 already bought {:>4} | 503 busy {:>4} | other {:>3} | {:>4.1} s",
-            get(&self.done),
+            "  [{label}] {:>5}/{planned} orders  201:{:<5} 409 sold out:{:<5} 409 twice:{:<4} 503:{:<4} err:{:<3} {:.1} s",
+            get(&self.finished),
             get(&self.created),
             get(&self.sold_out),
             get(&self.already_bought),
@@ -153,10 +157,13 @@ pub async fn run(
     let started = Instant::now();
 
     let show = progress && std::io::stderr().is_terminal();
-    let ticker = show.then(|| {
+    // Join sets abort their tasks when dropped: a run cancelled (ctrl-c)
+    // stops sending at once.
+    let mut ticker = JoinSet::new();
+    if show {
         let counters = counters.clone();
         let label = label.to_owned();
-        tokio::spawn(async move {
+        ticker.spawn(async move {
             loop {
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 let line = counters.line(&label, planned, started);
@@ -164,10 +171,10 @@ pub async fn run(
                 let _ = write!(err, "\r{line}\x1b[K");
                 let _ = err.flush();
             }
-        })
-    });
+        });
+    }
 
-    let mut tasks = Vec::with_capacity(planned);
+    let mut tasks = JoinSet::new();
     for (i, click) in clicks.into_iter().enumerate() {
         let http = http.clone();
         let targets = targets.clone();
@@ -176,7 +183,7 @@ pub async fn run(
         let permits = permits.clone();
         let retries = config.retries;
         let jitter_seed = config.seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        tasks.push(tokio::spawn(async move {
+        tasks.spawn(async move {
             let mut rng = fastrand::Rng::with_seed(jitter_seed);
             let mut latencies = Vec::new();
             for attempt in 0..=retries {
@@ -194,16 +201,17 @@ pub async fn run(
                 }
                 tokio::time::sleep(Duration::from_millis(50 + rng.u64(..150))).await;
             }
+            counters.finished.fetch_add(1, Ordering::Relaxed);
             latencies
-        }));
+        });
     }
     let mut latencies = Vec::with_capacity(planned);
-    for t in tasks {
-        latencies.extend(t.await.expect("buyer task panicked"));
+    while let Some(t) = tasks.join_next().await {
+        latencies.extend(t.expect("buyer task panicked"));
     }
     let elapsed = started.elapsed();
-    if let Some(ticker) = ticker {
-        ticker.abort();
+    if show {
+        ticker.abort_all();
         let line = counters.line(label, planned, started);
         eprintln!("\r{line}\x1b[K");
     }

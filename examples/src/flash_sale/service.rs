@@ -214,6 +214,10 @@ async fn create_order(
             instance = %shop.instance, user = %req.user, item = %req.item,
             stock_left = order.stock_left, fence = ?order.fence, "sold"
         ),
+        // A busy lock is the service working as intended: 503, retry.
+        Err(e @ OrderError::Lock(LockError::Timeout { .. })) => tracing::info!(
+            instance = %shop.instance, user = %req.user, item = %req.item, reason = %e, "lock busy"
+        ),
         Err(e @ (OrderError::Lock(_) | OrderError::Store(_))) => tracing::warn!(
             instance = %shop.instance, user = %req.user, item = %req.item, error = %e, "order failed"
         ),
