@@ -8,6 +8,7 @@
 //!
 //! `flash-sale serve` runs one instance of the service.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -118,6 +119,7 @@ fn init_tracing(default: &str) {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
 }
 
