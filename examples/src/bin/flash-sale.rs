@@ -45,7 +45,8 @@ enum Command {
 
 #[derive(Args)]
 struct ServeArgs {
-    /// Port to listen on.
+    /// Port to listen on (0: any free port; the first line of stdout says
+    /// which).
     #[arg(long, env = "PORT", default_value_t = 3000)]
     port: u16,
     /// Address to listen on.
@@ -181,6 +182,9 @@ async fn serve(args: ServeArgs) -> Result<(), scenario::Error> {
         tracing::info!(instance = %shop.instance, "--unsafe: orders are NOT locked; this instance can oversell");
     }
     let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port)).await?;
+    // The first line of stdout, for whoever started this with `--port 0`
+    // (the demo does).
+    println!("listening on http://{}", listener.local_addr()?);
     service::serve(listener, shop, service::shutdown_signal()).await?;
     Ok(())
 }

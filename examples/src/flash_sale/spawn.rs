@@ -101,7 +101,23 @@ pub struct TempRedis {
 
 impl TempRedis {
     /// Start one if `redis-server` is on `PATH`; `Ok(None)` if it is not.
+    ///
+    /// The port is picked free, then handed to `redis-server`: if another
+    /// program took it in between, this tries again on another.
     pub fn start() -> io::Result<Option<TempRedis>> {
+        let mut attempt = 1;
+        loop {
+            match Self::start_once() {
+                Err(e) if attempt < 3 => {
+                    tracing::debug!(error = %e, "redis-server did not start; trying another port");
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn start_once() -> io::Result<Option<TempRedis>> {
         let port = free_port()?;
         let dir =
             std::env::temp_dir().join(format!("flash-sale-redis-{}-{port}", std::process::id()));
@@ -132,8 +148,16 @@ impl TempRedis {
         let client = redis::Client::open(self.url()).map_err(io::Error::other)?;
         loop {
             if let Ok(mut con) = client.get_connection_with_timeout(Duration::from_secs(1)) {
-                if redis::cmd("PING").query::<String>(&mut con).is_ok() {
-                    return Ok(());
+                if let Ok(info) = redis::cmd("INFO").arg("server").query::<String>(&mut con) {
+                    // Ours, not another server that took the port first.
+                    let ours = format!("process_id:{}", self.child.id());
+                    if info.lines().any(|l| l.trim() == ours) {
+                        return Ok(());
+                    }
+                    return Err(io::Error::other(format!(
+                        "port {} is taken by another redis-server",
+                        self.port
+                    )));
                 }
             }
             if let Some(status) = self.child.try_wait()? {
@@ -191,24 +215,47 @@ pub struct InstanceSpec {
 pub struct Instances {
     children: Vec<(String, Child)>,
     urls: Vec<String>,
+    // Kept open so a late write to stdout never meets a closed pipe.
+    _stdouts: Vec<tokio::process::ChildStdout>,
 }
 
 impl Instances {
-    /// Start `n` instances named `flash-1`, `flash-2`, … on free ports, and
-    /// wait until each answers `GET /health`.
+    /// Start `n` instances named `flash-1`, `flash-2`, …, and wait until
+    /// each answers `GET /health`.
+    ///
+    /// Each one listens on a port the OS picks (`--port 0`) and says which
+    /// on its first line of stdout, so two programs can never race for the
+    /// same port.
     pub async fn start(spec: &InstanceSpec, n: usize) -> io::Result<Instances> {
+        use tokio::io::AsyncBufReadExt;
+        let limit = Duration::from_secs(30);
         let mut instances = Instances {
             children: Vec::new(),
             urls: Vec::new(),
+            _stdouts: Vec::new(),
         };
         for i in 1..=n {
             let name = format!("flash-{i}");
-            let port = free_port()?;
-            let child = spawn_tied(serve_command(spec, &name, port))?;
-            instances.children.push((name, child));
-            instances.urls.push(format!("http://127.0.0.1:{port}"));
+            let mut child = spawn_tied(serve_command(spec, &name))?;
+            let stdout = child.stdout.take().expect("stdout is piped");
+            instances.children.push((name.clone(), child));
+            let mut stdout =
+                tokio::io::BufReader::new(tokio::process::ChildStdout::from_std(stdout)?);
+            let mut line = String::new();
+            let read = tokio::time::timeout(limit, stdout.read_line(&mut line)).await;
+            let url = match read {
+                Ok(Ok(_)) => line.trim().strip_prefix("listening on ").map(str::to_owned),
+                _ => None,
+            };
+            let Some(url) = url else {
+                return Err(io::Error::other(format!(
+                    "instance {name} did not say where it listens (got {line:?}); see its log above"
+                )));
+            };
+            instances.urls.push(url);
+            instances._stdouts.push(stdout.into_inner());
         }
-        instances.wait_healthy(Duration::from_secs(30)).await?;
+        instances.wait_healthy(limit).await?;
         Ok(instances)
     }
 
@@ -276,15 +323,15 @@ impl Drop for Instances {
     }
 }
 
-fn serve_command(spec: &InstanceSpec, name: &str, port: u16) -> Command {
+fn serve_command(spec: &InstanceSpec, name: &str) -> Command {
     let mut cmd = Command::new(&spec.exe);
     cmd.arg("serve")
-        .args(["--port", &port.to_string()])
+        .args(["--port", "0"])
         .args(["--instance", name])
         .args(["--redis-url", &spec.redis_url])
         .args(["--race-delay-ms", &spec.race_delay.as_millis().to_string()])
         .stdin(Stdio::null())
-        .stdout(Stdio::null());
+        .stdout(Stdio::piped());
     if !spec.locked {
         cmd.arg("--unsafe");
     }
