@@ -184,3 +184,46 @@ pub fn render(reports: &[PhaseReport]) -> String {
     let _ = writeln!(out, "{rule}");
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn audit(initial: i64, sold: u64, duplicate_buyers: u64) -> Audit {
+        Audit {
+            initial,
+            stock_counter: 0,
+            sold,
+            duplicate_buyers,
+        }
+    }
+
+    #[test]
+    fn oversold_is_counted_per_item() {
+        // One item oversold by 3, the other undersold: not netted out.
+        let r = PhaseReport::new(
+            "unsafe",
+            false,
+            &[audit(10, 13, 0), audit(10, 5, 1)],
+            LoadResult::default(),
+        );
+        assert_eq!((r.stock, r.sold, r.oversold, r.duplicates), (20, 18, 3, 1));
+        assert_eq!(r.verdict(), "OVERSOLD+DUP");
+        assert!(!r.correct());
+        let ok = PhaseReport::new("locked", true, &[audit(10, 10, 0)], LoadResult::default());
+        assert!(ok.correct());
+        assert!(render(&[r, ok]).contains("OVERSOLD+DUP"));
+    }
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let load = LoadResult {
+            latencies: (1..=100).map(Duration::from_millis).collect(),
+            ..LoadResult::default()
+        };
+        assert_eq!(load.percentile(0.50), Duration::from_millis(50));
+        assert_eq!(load.percentile(0.99), Duration::from_millis(99));
+        assert_eq!(load.percentile(1.0), Duration::from_millis(100));
+        assert_eq!(LoadResult::default().percentile(0.5), Duration::ZERO);
+    }
+}
