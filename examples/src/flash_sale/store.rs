@@ -105,7 +105,9 @@ impl Store {
             .set_response_timeout(Some(Duration::from_secs(5)))
             .set_connection_timeout(Some(Duration::from_secs(3)))
             .set_number_of_retries(3);
-        Ok(Store::Redis(client.get_connection_manager_with_config(config).await?))
+        Ok(Store::Redis(
+            client.get_connection_manager_with_config(config).await?,
+        ))
     }
 
     /// A store private to this process.
@@ -178,7 +180,13 @@ impl Store {
     /// Write a sale: set the stock counter to `new_stock` (computed by the
     /// caller from its earlier read), count the user's order, append the
     /// order record.
-    pub async fn commit(&self, item: &str, user: &str, new_stock: i64, record: &str) -> Result<(), StoreError> {
+    pub async fn commit(
+        &self,
+        item: &str,
+        user: &str,
+        new_stock: i64,
+        record: &str,
+    ) -> Result<(), StoreError> {
         match self {
             Store::Redis(con) => {
                 let mut con = con.clone();
@@ -221,15 +229,21 @@ impl Store {
         match self {
             Store::Redis(con) => {
                 let mut con = con.clone();
-                let (initial, stock, sold, buyers): (Option<i64>, Option<i64>, u64, HashMap<String, u64>) =
-                    redis::pipe()
-                        .get(initial_key(item))
-                        .get(stock_key(item))
-                        .llen(orders_key(item))
-                        .hgetall(buyers_key(item))
-                        .query_async(&mut con)
-                        .await?;
-                let Some(initial) = initial else { return Ok(None) };
+                let (initial, stock, sold, buyers): (
+                    Option<i64>,
+                    Option<i64>,
+                    u64,
+                    HashMap<String, u64>,
+                ) = redis::pipe()
+                    .get(initial_key(item))
+                    .get(stock_key(item))
+                    .llen(orders_key(item))
+                    .hgetall(buyers_key(item))
+                    .query_async(&mut con)
+                    .await?;
+                let Some(initial) = initial else {
+                    return Ok(None);
+                };
                 Ok(Some(Audit {
                     initial,
                     stock_counter: stock.unwrap_or(0),
