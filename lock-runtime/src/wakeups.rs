@@ -1,10 +1,17 @@
 //! Per-channel wake-ups shared by all waiters of one client: one
 //! subscription per lock however many tasks wait on it.
+//!
+//! A release message wakes one waiter of the client, not all of them: only
+//! one can take the lock, and waking the rest would send Redis a burst of
+//! attempts that are bound to fail. A woken waiter that takes the lock wakes
+//! the next one when it releases; one that loses to another client waits for
+//! the next message. A wake-up that lands while nobody is parked is kept for
+//! the next waiter to park, so a release during an attempt is not lost.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::watch;
+use tokio::sync::Notify;
 
 /// Called with a channel nobody waits on any more.
 pub(crate) type OnIdle = Arc<dyn Fn(Arc<str>) + Send + Sync>;
@@ -16,7 +23,7 @@ pub(crate) struct Wakeups {
 }
 
 struct Slot {
-    tx: watch::Sender<u64>,
+    wake: Arc<Notify>,
     waiters: usize,
     /// The backend confirmed it listens on this channel.
     ready: bool,
@@ -34,13 +41,13 @@ impl Wakeups {
     pub(crate) fn join(self: &Arc<Self>, channel: &Arc<str>) -> (Waiter, bool) {
         let mut slots = self.slots.lock().unwrap();
         let slot = slots.entry(channel.clone()).or_insert_with(|| Slot {
-            tx: watch::channel(0).0,
+            wake: Arc::new(Notify::new()),
             waiters: 0,
             ready: false,
         });
         slot.waiters += 1;
         let waiter = Waiter {
-            rx: slot.tx.subscribe(),
+            wake: slot.wake.clone(),
             channel: channel.clone(),
             registry: self.clone(),
         };
@@ -75,14 +82,15 @@ impl Wakeups {
 
     pub(crate) fn notify(&self, channel: &str) {
         if let Some(slot) = self.slots.lock().unwrap().get(channel) {
-            slot.tx.send_modify(|n| *n += 1);
+            slot.wake.notify_one();
         }
     }
 
     /// Wake everyone: messages may have been missed (reconnect).
     pub(crate) fn notify_all(&self) {
         for slot in self.slots.lock().unwrap().values() {
-            slot.tx.send_modify(|n| *n += 1);
+            slot.wake.notify_waiters();
+            slot.wake.notify_one();
         }
     }
 
@@ -110,17 +118,16 @@ impl Wakeups {
 
 /// One task waiting for a lock's release.
 pub(crate) struct Waiter {
-    rx: watch::Receiver<u64>,
+    wake: Arc<Notify>,
     channel: Arc<str>,
     registry: Arc<Wakeups>,
 }
 
 impl Waiter {
-    /// Resolves on the next release message after the previous call (or
-    /// after `join`).
+    /// Resolves when a release message picks this waiter. A pick that is
+    /// dropped unpolled passes to the next waiter.
     pub(crate) async fn released(&mut self) {
-        // The sender lives in the registry slot, which outlives its waiters.
-        let _ = self.rx.changed().await;
+        self.wake.notified().await;
     }
 }
 
@@ -146,5 +153,30 @@ mod tests {
             .expect("wake-up was lost");
         drop(w);
         assert!(reg.slots.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn one_release_wakes_one_waiter() {
+        use std::time::Duration;
+        let reg = Arc::new(Wakeups::new(None));
+        let ch: Arc<str> = "c".into();
+        let (mut a, _) = reg.join(&ch);
+        let (mut b, _) = reg.join(&ch);
+        reg.notify("c");
+        let first = tokio::select! {
+            _ = a.released() => 'a',
+            _ = b.released() => 'b',
+        };
+        let other = if first == 'a' { &mut b } else { &mut a };
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), other.released())
+                .await
+                .is_err(),
+            "one message woke two waiters"
+        );
+        reg.notify("c");
+        tokio::time::timeout(Duration::from_secs(5), other.released())
+            .await
+            .expect("the second release did not wake the other waiter");
     }
 }
