@@ -89,6 +89,14 @@ impl LockClientBuilder {
         LockClient::connect_with(self.checked()?, url).await
     }
 
+    /// Redlock over independent Redis servers; see [`LockClient::redlock`].
+    pub async fn redlock(
+        self,
+        urls: impl IntoIterator<Item = impl AsRef<str>>,
+    ) -> Result<LockClient, LockError> {
+        LockClient::redlock_with(self.checked()?, owned(urls)).await
+    }
+
     /// Locks in this process only.
     ///
     /// # Panics
@@ -98,4 +106,8 @@ impl LockClientBuilder {
         let config = self.checked().unwrap_or_else(|e| panic!("{e}"));
         LockClient::memory_with(config)
     }
+}
+
+fn owned(urls: impl IntoIterator<Item = impl AsRef<str>>) -> Vec<String> {
+    urls.into_iter().map(|u| u.as_ref().to_owned()).collect()
 }

@@ -160,7 +160,6 @@ impl RedisNode {
     }
 
     /// Raise the fence counter to at least `fence` (Redlock).
-    #[allow(dead_code)] // used by the Redlock backend
     pub(crate) async fn raise_fence(&self, name: &LockName, fence: u64) -> Result<(), LockError> {
         let fence = fence.to_string();
         let _: i64 = self
