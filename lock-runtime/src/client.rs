@@ -6,6 +6,7 @@ use tokio::time::Instant;
 use crate::backend::memory::MemoryBackend;
 use crate::backend::redis::{NodeSettings, RedisBackend};
 use crate::backend::redlock::RedlockBackend;
+use crate::backend::sentinel::SentinelBackend;
 use crate::backend::{Acquired, Backend, Renewal};
 use crate::guard::LockGuard;
 use crate::io::Io;
@@ -57,6 +58,9 @@ pub(crate) struct Config {
     pub(crate) retry_jitter: Duration,
     pub(crate) op_timeout: Duration,
     pub(crate) connect_timeout: Duration,
+    /// Sentinel: replicas that must confirm a fresh lock, and how long to
+    /// wait for them.
+    pub(crate) replica_acks: Option<(usize, Duration)>,
 }
 
 impl Default for Config {
@@ -69,6 +73,7 @@ impl Default for Config {
             retry_jitter: Duration::from_millis(50),
             op_timeout: Duration::from_secs(2),
             connect_timeout: Duration::from_secs(2),
+            replica_acks: None,
         }
     }
 }
@@ -127,6 +132,25 @@ impl LockClient {
         urls: impl IntoIterator<Item = impl AsRef<str>>,
     ) -> Result<LockClient, LockError> {
         Self::builder().redlock(urls).await
+    }
+
+    /// A primary found through Redis Sentinel (`redis://host:26379` URLs of
+    /// the sentinels) under `master_name`; failovers are followed.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lock_runtime::LockError> {
+    /// let client = lock_runtime::LockClient::sentinel(
+    ///     ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379", "redis://10.0.0.3:26379"],
+    ///     "mymaster",
+    /// )
+    /// .await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn sentinel(
+        urls: impl IntoIterator<Item = impl AsRef<str>>,
+        master_name: &str,
+    ) -> Result<LockClient, LockError> {
+        Self::builder().sentinel(urls, master_name).await
     }
 
     /// Locks held in this process only, with the same semantics as Redis.
@@ -202,6 +226,25 @@ impl LockClient {
         );
         let backend = io
             .run(async move { RedlockBackend::connect(urls, settings, handle, jitter).await })
+            .await?;
+        Ok(Self::from_parts(config, Arc::new(backend), io))
+    }
+
+    pub(crate) async fn sentinel_with(
+        config: Config,
+        urls: Vec<String>,
+        master: String,
+    ) -> Result<LockClient, LockError> {
+        let io = Io::start()?;
+        let (settings, handle, acks) = (
+            config.node_settings(),
+            io.handle().clone(),
+            config.replica_acks,
+        );
+        let backend = io
+            .run(
+                async move { SentinelBackend::connect(urls, master, settings, acks, handle).await },
+            )
             .await?;
         Ok(Self::from_parts(config, Arc::new(backend), io))
     }
