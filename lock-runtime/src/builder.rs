@@ -69,6 +69,17 @@ impl LockClientBuilder {
         self
     }
 
+    /// Sentinel only: after taking a lock, wait (Redis `WAIT`) until
+    /// `replicas` replicas have it, at most `timeout`; if fewer confirm, the
+    /// lock is released and the acquire fails with [`LockError::Backend`].
+    /// A failover then cannot promote a replica that never saw the lock, at
+    /// the price of one more round trip per acquire and failed acquires
+    /// while replicas lag. Default: off.
+    pub fn replica_acks(mut self, replicas: usize, timeout: Duration) -> Self {
+        self.config.replica_acks = Some((replicas, timeout));
+        self
+    }
+
     fn checked(self) -> Result<Config, LockError> {
         let c = self.config;
         if c.lease.is_zero() {
@@ -84,9 +95,47 @@ impl LockClientBuilder {
         Ok(c)
     }
 
+    /// `replica_acks` only means something behind Sentinel.
+    fn without_acks(self, what: &str) -> Result<Config, LockError> {
+        if self.config.replica_acks.is_some() {
+            return Err(LockError::Config(format!(
+                "replica_acks applies to `sentinel` clients only, not to `{what}`"
+            )));
+        }
+        self.checked()
+    }
+
     /// Connect to one Redis server.
     pub async fn connect(self, url: &str) -> Result<LockClient, LockError> {
-        LockClient::connect_with(self.checked()?, url).await
+        LockClient::connect_with(self.without_acks("connect")?, url).await
+    }
+
+    /// Redlock over independent Redis servers; see [`LockClient::redlock`].
+    pub async fn redlock(
+        self,
+        urls: impl IntoIterator<Item = impl AsRef<str>>,
+    ) -> Result<LockClient, LockError> {
+        LockClient::redlock_with(self.without_acks("redlock")?, owned(urls)).await
+    }
+
+    /// A primary found through Redis Sentinel; see [`LockClient::sentinel`].
+    pub async fn sentinel(
+        self,
+        urls: impl IntoIterator<Item = impl AsRef<str>>,
+        master_name: &str,
+    ) -> Result<LockClient, LockError> {
+        let urls = owned(urls);
+        if urls.is_empty() || master_name.is_empty() {
+            return Err(LockError::Config(
+                "a Sentinel client needs at least one sentinel URL and the master name".into(),
+            ));
+        }
+        if self.config.replica_acks.is_some_and(|(_, t)| t.is_zero()) {
+            return Err(LockError::Config(
+                "the replica_acks timeout must be longer than zero (WAIT 0 blocks forever)".into(),
+            ));
+        }
+        LockClient::sentinel_with(self.checked()?, urls, master_name.to_owned()).await
     }
 
     /// Locks in this process only.
@@ -98,4 +147,8 @@ impl LockClientBuilder {
         let config = self.checked().unwrap_or_else(|e| panic!("{e}"));
         LockClient::memory_with(config)
     }
+}
+
+fn owned(urls: impl IntoIterator<Item = impl AsRef<str>>) -> Vec<String> {
+    urls.into_iter().map(|u| u.as_ref().to_owned()).collect()
 }

@@ -5,6 +5,8 @@ use tokio::time::Instant;
 
 use crate::backend::memory::MemoryBackend;
 use crate::backend::redis::{NodeSettings, RedisBackend};
+use crate::backend::redlock::RedlockBackend;
+use crate::backend::sentinel::SentinelBackend;
 use crate::backend::{Acquired, Backend, Renewal};
 use crate::guard::LockGuard;
 use crate::io::Io;
@@ -56,6 +58,9 @@ pub(crate) struct Config {
     pub(crate) retry_jitter: Duration,
     pub(crate) op_timeout: Duration,
     pub(crate) connect_timeout: Duration,
+    /// Sentinel: replicas that must confirm a fresh lock, and how long to
+    /// wait for them.
+    pub(crate) replica_acks: Option<(usize, Duration)>,
 }
 
 impl Default for Config {
@@ -68,6 +73,7 @@ impl Default for Config {
             retry_jitter: Duration::from_millis(50),
             op_timeout: Duration::from_secs(2),
             connect_timeout: Duration::from_secs(2),
+            replica_acks: None,
         }
     }
 }
@@ -103,6 +109,48 @@ impl LockClient {
     /// reached. Reconnects after a connection loss are automatic.
     pub async fn connect(url: &str) -> Result<LockClient, LockError> {
         Self::builder().connect(url).await
+    }
+
+    /// Redlock over independent Redis servers (three or five; not replicas
+    /// of each other). A lock is held while a majority grants it, so it
+    /// survives a minority of the servers failing.
+    ///
+    /// A majority must be reachable now; the others join when they answer.
+    /// See `docs/DEPLOYMENTS.md` for the persistence this needs.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lock_runtime::LockError> {
+    /// let client = lock_runtime::LockClient::redlock([
+    ///     "redis://10.0.0.1:6379",
+    ///     "redis://10.0.0.2:6379",
+    ///     "redis://10.0.0.3:6379",
+    /// ])
+    /// .await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn redlock(
+        urls: impl IntoIterator<Item = impl AsRef<str>>,
+    ) -> Result<LockClient, LockError> {
+        Self::builder().redlock(urls).await
+    }
+
+    /// A primary found through Redis Sentinel (`redis://host:26379` URLs of
+    /// the sentinels) under `master_name`; failovers are followed.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lock_runtime::LockError> {
+    /// let client = lock_runtime::LockClient::sentinel(
+    ///     ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379", "redis://10.0.0.3:26379"],
+    ///     "mymaster",
+    /// )
+    /// .await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn sentinel(
+        urls: impl IntoIterator<Item = impl AsRef<str>>,
+        master_name: &str,
+    ) -> Result<LockClient, LockError> {
+        Self::builder().sentinel(urls, master_name).await
     }
 
     /// Locks held in this process only, with the same semantics as Redis.
@@ -166,6 +214,41 @@ impl LockClient {
         Ok(Self::from_parts(config, Arc::new(backend), io))
     }
 
+    pub(crate) async fn redlock_with(
+        config: Config,
+        urls: Vec<String>,
+    ) -> Result<LockClient, LockError> {
+        let io = Io::start()?;
+        let (settings, handle, jitter) = (
+            config.node_settings(),
+            io.handle().clone(),
+            config.retry_jitter,
+        );
+        let backend = io
+            .run(async move { RedlockBackend::connect(urls, settings, handle, jitter).await })
+            .await?;
+        Ok(Self::from_parts(config, Arc::new(backend), io))
+    }
+
+    pub(crate) async fn sentinel_with(
+        config: Config,
+        urls: Vec<String>,
+        master: String,
+    ) -> Result<LockClient, LockError> {
+        let io = Io::start()?;
+        let (settings, handle, acks) = (
+            config.node_settings(),
+            io.handle().clone(),
+            config.replica_acks,
+        );
+        let backend = io
+            .run(
+                async move { SentinelBackend::connect(urls, master, settings, acks, handle).await },
+            )
+            .await?;
+        Ok(Self::from_parts(config, Arc::new(backend), io))
+    }
+
     /// One acquire attempt, run on the I/O thread so that it finishes even if
     /// the caller is dropped: a lock granted to a caller that went away is
     /// handed to a guard nobody holds, whose drop releases it at once.
@@ -185,7 +268,9 @@ impl LockClient {
             let out = match inner.backend.acquire(&name, &owner, lease).await {
                 // The lease counts from the send: a grant that comes back
                 // after it ran out may already be someone else's lock.
-                Ok(Acquired::Fresh { .. }) if sent_at.elapsed() >= lease => {
+                Ok(Acquired::Fresh { .. })
+                    if sent_at.elapsed() + inner.backend.drift(lease) >= lease =>
+                {
                     let err = LockError::timed_out(
                         format!(
                             "acquiring lock `{}`: the grant came back after its lease had run out",

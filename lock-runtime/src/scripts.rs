@@ -39,6 +39,14 @@ impl Script {
         cmd
     }
 
+    /// `EVAL source numkeys keys.. args..`: runs and caches the script on
+    /// the node that owns the keys (what a cluster needs after NOSCRIPT).
+    pub(crate) fn eval(&self, keys: &[&str], args: &[&str]) -> Cmd {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(self.source).arg(keys.len()).arg(keys).arg(args);
+        cmd
+    }
+
     /// `SCRIPT LOAD source`, sent once when Redis answers NOSCRIPT.
     pub(crate) fn load(&self) -> Cmd {
         let mut cmd = redis::cmd("SCRIPT");

@@ -106,6 +106,7 @@ impl Watchdog {
         granted_at: Instant,
     ) -> Held {
         self.start(io, backend);
+        let valid = renewal.lease.saturating_sub(backend.drift(renewal.lease));
         let key: EntryKey = (renewal.name.hash.clone(), renewal.owner.clone());
         let mut entries = self.shared.entries.lock().unwrap();
         let mut fresh = false;
@@ -114,7 +115,7 @@ impl Watchdog {
             Entry {
                 id: self.shared.next_id.fetch_add(1, Ordering::Relaxed),
                 next_due: granted_at + interval(renewal.lease),
-                deadline: granted_at + renewal.lease,
+                deadline: granted_at + valid,
                 holds: 0,
                 lost: watch::channel(false).0,
                 renewal: renewal.clone(),
@@ -124,7 +125,7 @@ impl Watchdog {
         if renewal.lease > entry.renewal.lease {
             // A nested holder asked for a longer lease (Redis kept the longer).
             entry.renewal.lease = renewal.lease;
-            entry.deadline = entry.deadline.max(granted_at + renewal.lease);
+            entry.deadline = entry.deadline.max(granted_at + valid);
         }
         let held = Held {
             key,
@@ -240,7 +241,8 @@ async fn tick(shared: &Shared, backend: &dyn Backend) {
         let iv = interval(entry.renewal.lease);
         match outcomes.get(i) {
             Some(Renewed::Yes) => {
-                entry.deadline = sent_at + entry.renewal.lease;
+                let lease = entry.renewal.lease;
+                entry.deadline = sent_at + lease.saturating_sub(backend.drift(lease));
                 entry.next_due = sent_at + iv;
             }
             Some(Renewed::NotOwner) => {

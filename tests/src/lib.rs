@@ -11,6 +11,7 @@ pub mod global;
 pub mod history;
 pub mod proxy;
 pub mod semantics;
+pub mod sentinel;
 
 /// A `redis-server` owned by one test (or one test binary).
 pub struct RedisServer {

@@ -12,6 +12,9 @@ use crate::LockError;
 
 pub(crate) mod memory;
 pub(crate) mod redis;
+pub(crate) mod redlock;
+pub(crate) mod sentinel;
+pub(crate) mod subscribers;
 
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
@@ -77,4 +80,11 @@ pub(crate) trait Backend: Send + Sync + 'static {
 
     /// Tasks of this client waiting for the lock's release.
     fn waiting(&self, name: &LockName) -> usize;
+
+    /// How much of a lease the holder must not count on: clocks of several
+    /// servers drift apart (Redlock). A lock is valid for `lease - drift`
+    /// after its acquire or renewal was sent.
+    fn drift(&self, _lease: Duration) -> Duration {
+        Duration::ZERO
+    }
 }

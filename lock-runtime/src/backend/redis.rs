@@ -1,5 +1,6 @@
-//! One Redis server: the lock scripts over a connection manager, and the
-//! release wake-ups over a RESP3 subscription.
+//! One Redis server: the lock scripts over a self-healing connection, and
+//! the release wake-ups over a RESP3 subscription. Every Redis-speaking
+//! backend is built from these two parts.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -66,6 +67,15 @@ impl RedisNode {
         Ok(node)
     }
 
+    /// Run a plain command (WAIT, ROLE, ...).
+    pub(crate) async fn command<T: FromRedisValue>(
+        &self,
+        cmd: Cmd,
+        what: &str,
+    ) -> Result<T, LockError> {
+        self.query(Query::Cmd(cmd), what).await
+    }
+
     async fn load_scripts(&self) -> Result<(), LockError> {
         let mut pipe = Pipeline::new();
         for s in scripts::ALL {
@@ -97,7 +107,8 @@ impl RedisNode {
         }
     }
 
-    /// EVALSHA, loading the script once if Redis lost it.
+    /// EVALSHA; if Redis lost the script (restart, failover to a replica
+    /// that never saw it), EVAL sends it along and caches it there.
     async fn eval<T: FromRedisValue>(
         &self,
         script: &Script,
@@ -112,10 +123,7 @@ impl RedisNode {
             Err(LockError::Backend(crate::error::BackendError::Redis { source, .. }))
                 if scripts::is_noscript(&source) =>
             {
-                self.query::<String>(Query::Cmd(script.load()), "loading lock script")
-                    .await?;
-                self.query(Query::Cmd(script.evalsha(keys, args)), what)
-                    .await
+                self.query(Query::Cmd(script.eval(keys, args)), what).await
             }
             other => other,
         }
@@ -160,7 +168,6 @@ impl RedisNode {
     }
 
     /// Raise the fence counter to at least `fence` (Redlock).
-    #[allow(dead_code)] // used by the Redlock backend
     pub(crate) async fn raise_fence(&self, name: &LockName, fence: u64) -> Result<(), LockError> {
         let fence = fence.to_string();
         let _: i64 = self

@@ -208,7 +208,6 @@ pub fn run(ctx: &Ctx, report: &mut Report) {
     drop(servers);
 }
 
-/// TEMPORARY until lock-runtime's Redlock backend lands.
-async fn redlock_client(_urls: &[&str]) -> Result<LockClient, String> {
-    Err("LockClient::redlock is not in this build yet".into())
+async fn redlock_client(urls: &[&str]) -> Result<LockClient, String> {
+    LockClient::redlock(urls).await.map_err(|e| e.to_string())
 }

@@ -4,6 +4,8 @@
 //! under `#[distributed_lock]`, printing each fence.
 //! `lock_worker hold URL KEY LEASE_MS`: take the lock, print `HELD <fence>`,
 //! and keep it (renewed) until killed.
+//! A leading `--redlock` makes URL a comma-separated list of independent
+//! servers locked with Redlock; the counter lives on the first of them.
 
 use std::io::Write;
 use std::time::Duration;
@@ -31,14 +33,24 @@ async fn increment(key: &str, conn: &mut MultiplexedConnection) -> Result<u64, L
 
 #[tokio::main]
 async fn main() -> Result<(), LockError> {
-    let args: Vec<String> = std::env::args().collect();
-    let (mode, url, key, n) = (
+    let mut args: Vec<String> = std::env::args().collect();
+    let redlock = args.get(1).is_some_and(|a| a == "--redlock");
+    if redlock {
+        args.remove(1);
+    }
+    let (mode, urls, key, n) = (
         &args[1],
         &args[2],
         &args[3],
         args[4].parse::<u64>().unwrap(),
     );
-    lock_runtime::init(LockClient::connect(url).await?)?;
+    let url = &urls.split(',').next().unwrap().to_owned();
+    let client = if redlock {
+        LockClient::redlock(urls.split(',')).await?
+    } else {
+        LockClient::connect(url).await?
+    };
+    lock_runtime::init(client)?;
     let mut out = std::io::stdout().lock();
     match mode.as_str() {
         "increment" => {

@@ -1,0 +1,407 @@
+//! Redlock: one lock over N independent Redis servers, held while a
+//! majority of them grants it, so that it survives a minority of them
+//! failing.
+//!
+//! Every step asks all nodes at once, each with a short per-node timeout, and
+//! counts answers: acquire (and reentry) and renewal need `N/2 + 1` grants,
+//! and the time they took plus a clock-drift allowance must leave part of the
+//! lease. A failed acquire is taken back on every node, also those that did
+//! not answer (a lost reply is not a refusal).
+//!
+//! Fencing: each granting node increments its own counter; the token is the
+//! maximum, and before the guard is returned every granting node's counter
+//! is raised to it. A later majority shares at least one node with those
+//! raised, so its maximum is higher — for as long as a majority keeps its
+//! data. A node that restarts empty forgets both the lock and the counter;
+//! run the nodes with persistence (`appendfsync always`) or keep a restarted
+//! node out for longer than the longest lease.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use tokio::runtime::Handle;
+use tokio::sync::OnceCell;
+use tokio::time::Instant;
+
+use super::redis::{NodeSettings, RedisNode};
+use super::subscribers::AnySubscriber;
+use super::{Acquired, Backend, BoxFuture, Released, Renewal, Renewed};
+use crate::key::LockName;
+use crate::wakeups::Waiter;
+use crate::LockError;
+
+/// One of the N servers. Connected lazily if it was down at start-up, so a
+/// node that comes back later rejoins the vote.
+struct Slot {
+    url: String,
+    settings: NodeSettings,
+    node: OnceCell<RedisNode>,
+}
+
+impl Slot {
+    async fn node(&self) -> Result<RedisNode, LockError> {
+        self.node
+            .get_or_try_init(|| RedisNode::connect(&self.url, self.settings.clone()))
+            .await
+            .cloned()
+    }
+}
+
+/// One node's answer, or why there was none.
+type Answer<T> = Result<T, String>;
+
+struct Shared {
+    slots: Vec<Slot>,
+    quorum: usize,
+    op_timeout: Duration,
+    /// Upper bound of the random pause after a split vote.
+    jitter: Duration,
+}
+
+pub(crate) struct RedlockBackend {
+    shared: Arc<Shared>,
+    subscriber: AnySubscriber,
+}
+
+/// Clock drift allowed between the nodes: 1% of the lease plus 2 ms.
+fn drift(lease: Duration) -> Duration {
+    lease / 100 + Duration::from_millis(2)
+}
+
+impl RedlockBackend {
+    /// Connect to every node; a majority must answer now, the rest are
+    /// retried on use.
+    pub(crate) async fn connect(
+        urls: Vec<String>,
+        settings: NodeSettings,
+        io: Handle,
+        jitter: Duration,
+    ) -> Result<Self, LockError> {
+        if urls.is_empty() {
+            return Err(LockError::Config(
+                "Redlock needs at least one Redis URL (three or five independent servers)".into(),
+            ));
+        }
+        let subscriber = AnySubscriber::new(&urls, settings.clone(), io, settings.op_timeout)?;
+        let shared = Shared {
+            quorum: urls.len() / 2 + 1,
+            op_timeout: settings.op_timeout,
+            jitter,
+            slots: urls
+                .into_iter()
+                .map(|url| Slot {
+                    url,
+                    settings: settings.clone(),
+                    node: OnceCell::new(),
+                })
+                .collect(),
+        };
+        let budget = settings.connect_timeout + settings.op_timeout;
+        let answers = shared
+            .all(budget, |s| async move { s.node().await.map(|_| ()) })
+            .await;
+        let up = answers.iter().filter(|a| a.is_ok()).count();
+        if up < shared.quorum {
+            return Err(LockError::other(format!(
+                "Redlock: only {up} of {} nodes reachable, {} needed: {}",
+                shared.slots.len(),
+                shared.quorum,
+                shared.failures(&answers)
+            )));
+        }
+        Ok(RedlockBackend {
+            shared: Arc::new(shared),
+            subscriber,
+        })
+    }
+}
+
+impl Shared {
+    /// Per-node time limit for steps that race a lease: far below it.
+    fn node_timeout(&self, lease: Duration) -> Duration {
+        self.op_timeout
+            .min(lease / 10)
+            .max(Duration::from_millis(5))
+    }
+
+    /// Run `f` on every node at once, each bounded by `limit`.
+    async fn all<'a, T, F, Fut>(&'a self, limit: Duration, f: F) -> Vec<Answer<T>>
+    where
+        F: Fn(&'a Slot) -> Fut,
+        Fut: std::future::Future<Output = Result<T, LockError>> + 'a,
+    {
+        join_all(self.slots.iter().map(|slot| {
+            let fut = f(slot);
+            async move {
+                match tokio::time::timeout(limit, fut).await {
+                    Ok(Ok(v)) => Ok(v),
+                    Ok(Err(e)) => Err(e.to_string()),
+                    Err(_) => Err(format!("no answer within {limit:?}")),
+                }
+            }
+        }))
+        .await
+    }
+
+    /// `url: why` for every node that did not answer.
+    fn failures<T>(&self, answers: &[Answer<T>]) -> String {
+        let list: Vec<String> = self
+            .slots
+            .iter()
+            .zip(answers)
+            .filter_map(|(s, a)| a.as_ref().err().map(|e| format!("{}: {e}", s.url)))
+            .collect();
+        if list.is_empty() {
+            "every node answered".into()
+        } else {
+            list.join("; ")
+        }
+    }
+
+    /// Take back an acquire on every node, also those that did not answer:
+    /// a lost reply is not a refusal. Each node's connection keeps order, so
+    /// the release lands after the acquire even on a slow node.
+    async fn undo(&self, name: &LockName, owner: &str) {
+        let all: Vec<usize> = (0..self.slots.len()).collect();
+        self.release_on(name, owner, &all).await;
+    }
+
+    async fn release_on(&self, name: &LockName, owner: &str, only: &[usize]) {
+        join_all(only.iter().map(|&i| {
+            let slot = &self.slots[i];
+            async move {
+                let fut = async { slot.node().await?.release(name, owner).await };
+                let _ = tokio::time::timeout(self.op_timeout, fut).await;
+            }
+        }))
+        .await;
+    }
+
+    async fn acquire(
+        &self,
+        name: &LockName,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<Acquired, LockError> {
+        let started = Instant::now();
+        let n = self.slots.len();
+        let answers = self
+            .all(self.node_timeout(lease), |s| async move {
+                s.node().await?.acquire(name, owner, lease).await
+            })
+            .await;
+        let (mut fresh, mut reentered, mut busy_ttl, mut busy) = (vec![], vec![], None, 0);
+        for (i, a) in answers.iter().enumerate() {
+            match a {
+                Ok(Acquired::Fresh { fence }) => fresh.push((i, *fence)),
+                Ok(Acquired::Reentered { fence }) => reentered.push((i, *fence)),
+                Ok(Acquired::Busy { ttl }) => {
+                    busy += 1;
+                    if let Some(t) = ttl {
+                        busy_ttl = Some(busy_ttl.map_or(*t, |b: Duration| b.min(*t)));
+                    }
+                }
+                Err(_) => {}
+            }
+        }
+        let granted: Vec<usize> = fresh.iter().chain(&reentered).map(|g| g.0).collect();
+        let key = &name.key;
+
+        if !reentered.is_empty() {
+            // Only nodes that granted may be touched: elsewhere a release
+            // would eat into the outer hold this reentry builds on.
+            if reentered.len() < self.quorum {
+                self.release_on(name, owner, &granted).await;
+                tracing::warn!(key = %key, held_on = reentered.len(), nodes = n, "Redlock reentry: the outer hold is no longer on a majority");
+                return Err(LockError::Lost {
+                    key: key.to_string(),
+                });
+            }
+            let fence = reentered.iter().map(|g| g.1).max().unwrap_or(0);
+            // Nodes that had lost the lock took it fresh: they learn the token.
+            join_all(fresh.iter().map(|&(i, _)| async move {
+                let fut = async { self.slots[i].node().await?.raise_fence(name, fence).await };
+                let _ = tokio::time::timeout(self.op_timeout, fut).await;
+            }))
+            .await;
+            return Ok(Acquired::Reentered { fence });
+        }
+
+        if fresh.len() < self.quorum {
+            self.undo(name, owner).await;
+            let failed = n - fresh.len() - busy;
+            if failed > n - self.quorum {
+                return Err(LockError::other(format!(
+                    "Redlock: acquiring lock `{key}`: granted by {} and refused by {busy} of {n} nodes, {} grants needed; the others failed: {}",
+                    fresh.len(),
+                    self.quorum,
+                    self.failures(&answers)
+                )));
+            }
+            if !fresh.is_empty() && !self.jitter.is_zero() {
+                // Split vote: step back for a random moment so that
+                // contenders do not collide again in lock-step.
+                tokio::time::sleep(self.jitter.mul_f64(fastrand::f64())).await;
+            }
+            return Ok(Acquired::Busy { ttl: busy_ttl });
+        }
+
+        // The token is the highest any granting node handed out; every
+        // granting node is raised to it, so any later majority sees it.
+        let fence = fresh.iter().map(|g| g.1).max().unwrap_or(0);
+        let timeout = self.node_timeout(lease);
+        let raised = join_all(fresh.iter().map(|&(i, f)| async move {
+            if f == fence {
+                return Ok(());
+            }
+            let fut = async { self.slots[i].node().await?.raise_fence(name, fence).await };
+            match tokio::time::timeout(timeout, fut).await {
+                Ok(r) => r.map_err(|e| format!("{}: {e}", self.slots[i].url)),
+                Err(_) => Err(format!(
+                    "{}: no answer within {timeout:?}",
+                    self.slots[i].url
+                )),
+            }
+        }))
+        .await;
+        let carried = raised.iter().filter(|r| r.is_ok()).count();
+        if carried < self.quorum {
+            self.undo(name, owner).await;
+            let why: Vec<String> = raised.into_iter().filter_map(Result::err).collect();
+            return Err(LockError::other(format!(
+                "Redlock: acquiring lock `{key}`: could not raise the fence token {fence} on a majority: {}",
+                why.join("; ")
+            )));
+        }
+        let elapsed = started.elapsed();
+        if elapsed + drift(lease) >= lease {
+            self.undo(name, owner).await;
+            return Err(LockError::other(format!(
+                "Redlock: acquiring lock `{key}` took {elapsed:?}, leaving nothing of its {lease:?} lease (minus {:?} clock drift); use a longer lease or faster nodes",
+                drift(lease)
+            )));
+        }
+        Ok(Acquired::Fresh { fence })
+    }
+
+    async fn release(&self, name: &LockName, owner: &str) -> Result<Released, LockError> {
+        let answers = self
+            .all(self.op_timeout, |s| async move {
+                s.node().await?.release(name, owner).await
+            })
+            .await;
+        let count = |r: Released| {
+            answers
+                .iter()
+                .filter(|a| a.as_ref().ok() == Some(&r))
+                .count()
+        };
+        let (freed, still, not_owner) = (
+            count(Released::Freed),
+            count(Released::StillHeld),
+            count(Released::NotOwner),
+        );
+        let n = self.slots.len();
+        if freed + still >= self.quorum {
+            return Ok(if still > freed {
+                Released::StillHeld
+            } else {
+                Released::Freed
+            });
+        }
+        if n - not_owner < self.quorum {
+            // Too few nodes could still have it: not held by a majority.
+            return Ok(Released::NotOwner);
+        }
+        Err(LockError::other(format!(
+            "Redlock: releasing lock `{}`: confirmed by {} of {n} nodes, {} needed: {}",
+            name.key,
+            freed + still,
+            self.quorum,
+            self.failures(&answers)
+        )))
+    }
+
+    async fn renew(&self, batch: Vec<Renewal>) -> Vec<Renewed> {
+        let shortest = batch.iter().map(|r| r.lease).min().unwrap_or_default();
+        let batch = &batch;
+        let answers = self
+            .all(self.node_timeout(shortest), |s| async move {
+                Ok(s.node().await?.renew(batch).await)
+            })
+            .await;
+        let n = self.slots.len();
+        (0..batch.len())
+            .map(|i| {
+                let (mut yes, mut not_owner, mut why) = (0, 0, Vec::new());
+                for (slot, a) in self.slots.iter().zip(&answers) {
+                    match a.as_ref().map(|v| v.get(i)) {
+                        Ok(Some(Renewed::Yes)) => yes += 1,
+                        Ok(Some(Renewed::NotOwner)) => not_owner += 1,
+                        Ok(Some(Renewed::Failed(e))) => why.push(format!("{}: {e}", slot.url)),
+                        Ok(None) => why.push(format!("{}: no outcome", slot.url)),
+                        Err(e) => why.push(format!("{}: {e}", slot.url)),
+                    }
+                }
+                if yes >= self.quorum {
+                    Renewed::Yes
+                } else if n - not_owner < self.quorum {
+                    Renewed::NotOwner
+                } else {
+                    Renewed::Failed(LockError::other(format!(
+                        "Redlock: renewing lock `{}`: renewed on {yes} of {n} nodes, {} needed: {}",
+                        batch[i].name.key,
+                        self.quorum,
+                        why.join("; ")
+                    )))
+                }
+            })
+            .collect()
+    }
+}
+
+impl Backend for RedlockBackend {
+    fn acquire(
+        &self,
+        name: &LockName,
+        owner: &Arc<str>,
+        lease: Duration,
+    ) -> BoxFuture<Result<Acquired, LockError>> {
+        let (shared, name, owner) = (self.shared.clone(), name.clone(), owner.clone());
+        Box::pin(async move { shared.acquire(&name, &owner, lease).await })
+    }
+
+    fn release(&self, name: &LockName, owner: &Arc<str>) -> BoxFuture<Result<Released, LockError>> {
+        let (shared, name, owner) = (self.shared.clone(), name.clone(), owner.clone());
+        Box::pin(async move { shared.release(&name, &owner).await })
+    }
+
+    fn renew(&self, batch: Vec<Renewal>) -> BoxFuture<Vec<Renewed>> {
+        let shared = self.shared.clone();
+        Box::pin(async move { shared.renew(batch).await })
+    }
+
+    fn subscribe(&self, name: &LockName) -> BoxFuture<Result<Waiter, LockError>> {
+        self.subscriber.subscribe(&name.channel)
+    }
+
+    fn waiting(&self, name: &LockName) -> usize {
+        self.subscriber.waiting(&name.channel)
+    }
+
+    fn drift(&self, lease: Duration) -> Duration {
+        drift(lease)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drift_is_one_percent_plus_two_ms() {
+        assert_eq!(drift(Duration::from_secs(10)), Duration::from_millis(102));
+        assert_eq!(drift(Duration::from_millis(100)), Duration::from_millis(3));
+    }
+}

@@ -1,0 +1,315 @@
+//! A primary found through Redis Sentinel, followed across failovers.
+//!
+//! The sentinels are asked for the primary's address (`SENTINEL
+//! get-master-addr-by-name`) at start-up, every second in the background, and
+//! again whenever a command fails (connection lost, timeout, `READONLY` from
+//! a demoted primary). Locks live on the primary exactly as with a single
+//! Redis server.
+//!
+//! Replication is asynchronous: a lock the old primary granted but had not
+//! yet sent to the replica is gone after a failover. With
+//! [`replica_acks`](crate::LockClientBuilder::replica_acks) an acquire runs
+//! `WAIT k timeout` and only reports the lock held once `k` replicas have it.
+
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use tokio::runtime::Handle;
+use tokio::time::Instant;
+
+use super::redis::{NodeSettings, RedisNode, Subscriber};
+use super::{Acquired, Backend, BoxFuture, Released, Renewal, Renewed};
+use crate::error::BackendError;
+use crate::key::LockName;
+use crate::wakeups::Waiter;
+use crate::LockError;
+
+/// How often the sentinels are asked whether the primary moved, even when
+/// nothing failed: a restarted old primary may answer before it is demoted.
+const REFRESH: Duration = Duration::from_secs(1);
+
+/// The primary as last discovered.
+struct Primary {
+    addr: String,
+    node: RedisNode,
+    /// A connection of its own for acquires followed by WAIT: WAIT blocks
+    /// its connection, and renewals must not queue behind it.
+    acks_node: Option<RedisNode>,
+    subscriber: Subscriber,
+}
+
+struct Shared {
+    sentinels: Vec<String>,
+    master: String,
+    settings: NodeSettings,
+    acks: Option<(usize, Duration)>,
+    io: Handle,
+    current: Mutex<Arc<Primary>>,
+    /// One discovery at a time; the time of the last one.
+    discovery: tokio::sync::Mutex<Instant>,
+}
+
+pub(crate) struct SentinelBackend {
+    shared: Arc<Shared>,
+}
+
+impl SentinelBackend {
+    pub(crate) async fn connect(
+        sentinels: Vec<String>,
+        master: String,
+        settings: NodeSettings,
+        acks: Option<(usize, Duration)>,
+        io: Handle,
+    ) -> Result<Self, LockError> {
+        for url in &sentinels {
+            redis::Client::open(url.as_str())
+                .map_err(|e| LockError::Config(format!("bad Sentinel URL `{url}`: {e}")))?;
+        }
+        let addr = ask_sentinels(&sentinels, &master, &settings).await?;
+        let primary = open_primary(&addr, &settings, acks, &io).await?;
+        let shared = Arc::new(Shared {
+            sentinels,
+            master,
+            settings,
+            acks,
+            io: io.clone(),
+            current: Mutex::new(Arc::new(primary)),
+            discovery: tokio::sync::Mutex::new(Instant::now()),
+        });
+        io.spawn(refresh(Arc::downgrade(&shared)));
+        Ok(SentinelBackend { shared })
+    }
+}
+
+/// Re-discover in the background until the backend is dropped.
+async fn refresh(shared: Weak<Shared>) {
+    loop {
+        tokio::time::sleep(REFRESH).await;
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        let _ = shared.rediscover(None).await;
+    }
+}
+
+/// The primary's `host:port` according to the first sentinel that knows.
+async fn ask_sentinels(
+    sentinels: &[String],
+    master: &str,
+    settings: &NodeSettings,
+) -> Result<String, LockError> {
+    let mut why = Vec::new();
+    for url in sentinels {
+        let ask = async {
+            let client = redis::Client::open(url.as_str())?;
+            let mut conn = client.get_multiplexed_async_connection().await?;
+            redis::cmd("SENTINEL")
+                .arg("get-master-addr-by-name")
+                .arg(master)
+                .query_async::<Option<(String, u16)>>(&mut conn)
+                .await
+        };
+        let limit = settings.connect_timeout + settings.op_timeout;
+        match tokio::time::timeout(limit, ask).await {
+            Ok(Ok(Some((host, port)))) => return Ok(format!("{host}:{port}")),
+            Ok(Ok(None)) => why.push(format!("{url}: does not know master `{master}`")),
+            Ok(Err(e)) => why.push(format!("{url}: {e}")),
+            Err(_) => why.push(format!("{url}: no answer within {limit:?}")),
+        }
+    }
+    Err(LockError::other(format!(
+        "no sentinel gave the address of master `{master}`: {}",
+        why.join("; ")
+    )))
+}
+
+async fn open_primary(
+    addr: &str,
+    settings: &NodeSettings,
+    acks: Option<(usize, Duration)>,
+    io: &Handle,
+) -> Result<Primary, LockError> {
+    let url = format!("redis://{addr}");
+    let node = RedisNode::connect(&url, settings.clone()).await?;
+    // Sentinel may still name a primary that has just been demoted.
+    let role: Vec<redis::Value> = node
+        .command(redis::cmd("ROLE"), "asking the primary's role")
+        .await?;
+    let is_master = matches!(role.first(), Some(redis::Value::BulkString(r)) if r == b"master");
+    if !is_master {
+        return Err(LockError::other(format!(
+            "Sentinel names {addr} as primary but it is a replica (failover in progress?)"
+        )));
+    }
+    let acks_node = match acks {
+        Some((_, wait)) => {
+            let settings = NodeSettings {
+                op_timeout: settings.op_timeout + wait,
+                ..settings.clone()
+            };
+            Some(RedisNode::connect(&url, settings).await?)
+        }
+        None => None,
+    };
+    Ok(Primary {
+        addr: addr.to_owned(),
+        node,
+        acks_node,
+        subscriber: Subscriber::new(&url, settings.clone(), io.clone())?,
+    })
+}
+
+/// Whether an error may mean the primary moved.
+fn may_have_moved(e: &LockError) -> bool {
+    match e {
+        LockError::Backend(BackendError::Redis { source, .. }) => {
+            source.is_io_error()
+                || source.is_connection_dropped()
+                || source.is_connection_refusal()
+                || source.is_timeout()
+                || matches!(source.code(), Some("READONLY" | "MASTERDOWN" | "LOADING"))
+        }
+        LockError::Backend(_) => true,
+        _ => false,
+    }
+}
+
+impl Shared {
+    fn current(&self) -> Arc<Primary> {
+        self.current.lock().unwrap().clone()
+    }
+
+    /// Ask the sentinels again; switch if the primary moved. `seen` is the
+    /// primary a failed command went to: if it was replaced meanwhile, that
+    /// is the answer. Returns the current primary.
+    async fn rediscover(&self, seen: Option<&Arc<Primary>>) -> Result<Arc<Primary>, LockError> {
+        let mut last = self.discovery.lock().await;
+        let now = self.current();
+        if seen.is_some_and(|s| !Arc::ptr_eq(s, &now)) {
+            return Ok(now);
+        }
+        if seen.is_some() && last.elapsed() < Duration::from_millis(100) {
+            return Ok(now);
+        }
+        *last = Instant::now();
+        let addr = ask_sentinels(&self.sentinels, &self.master, &self.settings).await?;
+        if addr == now.addr {
+            return Ok(now);
+        }
+        let primary = Arc::new(open_primary(&addr, &self.settings, self.acks, &self.io).await?);
+        tracing::warn!(from = %now.addr, to = %addr, master = %self.master, "Sentinel failover: following the new primary");
+        *self.current.lock().unwrap() = primary.clone();
+        Ok(primary)
+    }
+
+    /// Run `op` on the primary; if it failed in a way that may mean the
+    /// primary moved and it did, run it once more on the new one.
+    async fn on_primary<T, F, Fut>(&self, op: F) -> Result<T, LockError>
+    where
+        F: Fn(Arc<Primary>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, LockError>>,
+    {
+        let first = self.current();
+        match op(first.clone()).await {
+            Err(e) if may_have_moved(&e) => match self.rediscover(Some(&first)).await {
+                Ok(next) if !Arc::ptr_eq(&next, &first) => op(next).await,
+                _ => Err(e),
+            },
+            other => other,
+        }
+    }
+
+    async fn acquire(
+        &self,
+        name: &LockName,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<Acquired, LockError> {
+        self.on_primary(|p| async move {
+            let Some((replicas, wait)) = self.acks else {
+                return p.node.acquire(name, owner, lease).await;
+            };
+            let node = p.acks_node.as_ref().unwrap_or(&p.node);
+            let out = node.acquire(name, owner, lease).await?;
+            if !matches!(out, Acquired::Fresh { .. }) {
+                return Ok(out);
+            }
+            let mut cmd = redis::cmd("WAIT");
+            cmd.arg(replicas).arg(wait.as_millis().max(1) as u64);
+            let acked = node.command::<i64>(cmd, "waiting for replicas").await;
+            match acked {
+                Ok(n) if n >= replicas as i64 => Ok(out),
+                other => {
+                    let _ = p.node.release(name, owner).await;
+                    let got = match other {
+                        Ok(n) => format!("only {n} confirmed within {wait:?}"),
+                        Err(e) => format!("WAIT failed: {e}"),
+                    };
+                    Err(LockError::other(format!(
+                        "lock `{}` was taken on primary {} but {got} of the {replicas} replicas required; it was released (replicas lagging or down?)",
+                        name.key, p.addr
+                    )))
+                }
+            }
+        })
+        .await
+    }
+}
+
+impl Backend for SentinelBackend {
+    fn acquire(
+        &self,
+        name: &LockName,
+        owner: &Arc<str>,
+        lease: Duration,
+    ) -> BoxFuture<Result<Acquired, LockError>> {
+        let (shared, name, owner) = (self.shared.clone(), name.clone(), owner.clone());
+        Box::pin(async move { shared.acquire(&name, &owner, lease).await })
+    }
+
+    fn release(&self, name: &LockName, owner: &Arc<str>) -> BoxFuture<Result<Released, LockError>> {
+        let (shared, name, owner) = (self.shared.clone(), name.clone(), owner.clone());
+        Box::pin(async move {
+            let (name, owner) = (&name, &owner);
+            shared
+                .on_primary(|p| async move { p.node.release(name, owner).await })
+                .await
+        })
+    }
+
+    fn renew(&self, batch: Vec<Renewal>) -> BoxFuture<Vec<Renewed>> {
+        let shared = self.shared.clone();
+        Box::pin(async move {
+            let first = shared.current();
+            let out = first.node.renew(&batch).await;
+            let failed = out
+                .iter()
+                .find_map(|r| match r {
+                    Renewed::Failed(e) => Some(may_have_moved(e)),
+                    _ => None,
+                })
+                .unwrap_or(false);
+            if !failed {
+                return out;
+            }
+            match shared.rediscover(Some(&first)).await {
+                Ok(next) if !Arc::ptr_eq(&next, &first) => next.node.renew(&batch).await,
+                _ => out,
+            }
+        })
+    }
+
+    fn subscribe(&self, name: &LockName) -> BoxFuture<Result<Waiter, LockError>> {
+        let (shared, channel) = (self.shared.clone(), name.channel.clone());
+        Box::pin(async move {
+            let channel = &channel;
+            shared
+                .on_primary(|p| async move { p.subscriber.subscribe(channel).await })
+                .await
+        })
+    }
+
+    fn waiting(&self, name: &LockName) -> usize {
+        self.shared.current().subscriber.waiting(&name.channel)
+    }
+}

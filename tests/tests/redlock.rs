@@ -1,0 +1,263 @@
+//! Redlock over five independent `redis-server` processes: the quorum
+//! verdict for every up/down combination, a lock that outlives a minority of
+//! its nodes, a loss reported when a majority goes, exclusion across tasks and
+//! processes, and fencing tokens that keep increasing.
+
+use std::collections::HashSet;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lock_runtime::{distributed_lock, LockClient, LockError};
+use tests::{spawn_tied, unique, RedisServer};
+
+const N: usize = 5;
+
+fn nodes() -> Vec<RedisServer> {
+    (0..N).map(|_| RedisServer::start()).collect()
+}
+
+fn urls(nodes: &[RedisServer]) -> Vec<String> {
+    nodes.iter().map(RedisServer::url).collect()
+}
+
+/// A client whose per-node timeout is short, so a paused node costs little.
+async fn redlock(nodes: &[RedisServer]) -> LockClient {
+    LockClient::builder()
+        .op_timeout(Duration::from_millis(150))
+        .connect_timeout(Duration::from_millis(500))
+        .redlock(urls(nodes))
+        .await
+        .expect("connect Redlock")
+}
+
+fn hash(key: &str) -> String {
+    format!("lock:{{{key}}}")
+}
+
+fn fence_on(node: &RedisServer, key: &str) -> u64 {
+    node.cmd::<Option<u64>>(&["GET", &format!("{}:fence", hash(key))])
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quorum_verdict_for_every_up_down_mask() {
+    tests::init_tracing();
+    let nodes = nodes();
+    let client = redlock(&nodes).await;
+    let started = Instant::now();
+    for mask in 0u32..(1 << N) {
+        let down: Vec<usize> = (0..N).filter(|i| mask & (1 << i) != 0).collect();
+        for &i in &down {
+            nodes[i].pause();
+        }
+        let key = unique(&format!("mask{mask:02}"));
+        let out = client.lock(&key).lease(Duration::from_secs(5)).await;
+        let up = N - down.len();
+        match out {
+            Ok(guard) => {
+                assert!(
+                    up > N / 2,
+                    "mask {mask:05b}: granted with only {up} nodes up"
+                );
+                for (i, n) in nodes.iter().enumerate() {
+                    if !down.contains(&i) {
+                        assert!(
+                            n.exists(&hash(&key)),
+                            "mask {mask:05b}: node {i} lacks the lock"
+                        );
+                        assert_eq!(
+                            fence_on(n, &key),
+                            guard.fence(),
+                            "mask {mask:05b}: node {i} fence"
+                        );
+                    }
+                }
+                guard.release().await.expect("release with a majority up");
+            }
+            Err(e) => {
+                assert!(
+                    up <= N / 2,
+                    "mask {mask:05b}: refused with {up} nodes up: {e}"
+                );
+                assert!(matches!(e, LockError::Backend(_)), "mask {mask:05b}: {e:?}");
+                let msg = e.to_string();
+                for &i in &down {
+                    assert!(
+                        msg.contains(&nodes[i].url()),
+                        "mask {mask:05b}: {msg} names no {}",
+                        nodes[i].url()
+                    );
+                }
+            }
+        }
+        // Granted or not, nothing but the fence counter is left on a live node.
+        for (i, n) in nodes.iter().enumerate() {
+            if !down.contains(&i) {
+                assert!(
+                    !n.exists(&hash(&key)),
+                    "mask {mask:05b}: lock left on live node {i}"
+                );
+            }
+        }
+        for &i in &down {
+            nodes[i].resume();
+        }
+    }
+    println!("32 masks in {:?}", started.elapsed());
+}
+
+#[tokio::test]
+async fn fence_is_raised_on_every_granting_node() {
+    let mut nodes = nodes();
+    let client = redlock(&nodes).await;
+    let key = unique("fence");
+    // Node 0 has handed out more tokens than the others (it was in more
+    // majorities): the token must come from it and reach the others.
+    let _: () = nodes[0].cmd(&["SET", &format!("{}:fence", hash(&key)), "100"]);
+    let g = client.lock(&key).await.unwrap();
+    assert_eq!(g.fence(), 101);
+    for (i, n) in nodes.iter().enumerate() {
+        assert_eq!(fence_on(n, &key), 101, "node {i} was not raised");
+    }
+    g.release().await.unwrap();
+    // Without the node that had the maximum, the next token is still higher.
+    nodes[0].kill();
+    let g = client.lock(&key).await.unwrap();
+    assert_eq!(g.fence(), 102);
+    g.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn minority_killed_while_held_stays_held_and_renewed() {
+    let mut nodes = nodes();
+    let client = redlock(&nodes).await;
+    let other = redlock(&nodes).await;
+    let key = unique("minority");
+    let lease = Duration::from_millis(900);
+    let guard = client.lock(&key).lease(lease).await.unwrap();
+    nodes[3].kill();
+    nodes[4].kill();
+    // Several leases pass: renewals on the three left keep it.
+    tokio::time::sleep(lease * 4).await;
+    assert!(!guard.is_lost(), "lost with a majority still up");
+    for n in &nodes[..3] {
+        let ttl: i64 = n.cmd(&["PTTL", &hash(&key)]);
+        assert!(ttl > 0, "not renewed on a live node (pttl {ttl})");
+    }
+    let err = other.lock(&key).await.unwrap_err();
+    assert!(matches!(err, LockError::Timeout { .. }), "{err:?}");
+    guard.release().await.expect("still held at release");
+    for n in &nodes[..3] {
+        assert!(!n.exists(&hash(&key)));
+    }
+}
+
+#[distributed_lock(key = "{key}", lease = "2s")]
+async fn hold_until_lost(
+    key: &str,
+    running: tokio::sync::oneshot::Sender<()>,
+) -> Result<(), LockError> {
+    let _ = running.send(());
+    std::future::pending::<()>().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn majority_killed_while_held_reaches_the_body_as_lost_within_the_lease() {
+    let mut nodes = nodes();
+    lock_runtime::init(redlock(&nodes).await).unwrap();
+    let key = unique("majority");
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let body = tokio::spawn(async move { hold_until_lost(&key, tx).await });
+    rx.await.expect("body never ran");
+    let killed = Instant::now();
+    for n in &mut nodes[..3] {
+        n.kill();
+    }
+    let out = tokio::time::timeout(Duration::from_secs(10), body)
+        .await
+        .expect("the body never learned the lock was lost")
+        .unwrap();
+    let after = killed.elapsed();
+    println!("majority killed: Err(Lost) reached the body {after:?} later (lease 2s)");
+    assert!(matches!(out, Err(LockError::Lost { .. })), "{out:?}");
+    // The lease counts from the last renewal, which was before the kill.
+    assert!(after < Duration::from_millis(2500), "took {after:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_tasks_exclusive_exact_counter_and_increasing_fences() {
+    let nodes = nodes();
+    let clients = [redlock(&nodes).await, redlock(&nodes).await];
+    let key = unique("tasks");
+    let (tasks, rounds) = (12, 15);
+    let counter = Arc::new(AtomicU64::new(0));
+    let fences = Arc::new(Mutex::new(Vec::new()));
+    let mut handles = Vec::new();
+    for t in 0..tasks {
+        let client = clients[t % 2].clone();
+        let (key, counter, fences) = (key.clone(), counter.clone(), fences.clone());
+        handles.push(tokio::spawn(async move {
+            for _ in 0..rounds {
+                let g = client
+                    .lock(&key)
+                    .wait(Duration::from_secs(30))
+                    .await
+                    .expect("lock");
+                // A read-modify-write that any overlap would break.
+                let v = counter.load(Ordering::SeqCst);
+                fences.lock().unwrap().push(g.fence());
+                tokio::task::yield_now().await;
+                counter.store(v + 1, Ordering::SeqCst);
+                g.release().await.expect("held to the end");
+            }
+        }));
+    }
+    for h in handles {
+        h.await.unwrap();
+    }
+    assert_eq!(counter.load(Ordering::SeqCst), (tasks * rounds) as u64);
+    let fences = fences.lock().unwrap();
+    assert!(
+        fences.windows(2).all(|w| w[0] < w[1]),
+        "fences not strictly increasing in lock order: {fences:?}"
+    );
+    for n in &nodes {
+        assert!(!n.exists(&hash(&key)));
+    }
+}
+
+#[test]
+fn processes_exclusive_exact_counter() {
+    let nodes = nodes();
+    let key = unique("procs");
+    let list = urls(&nodes).join(",");
+    let (procs, rounds) = (3, 40);
+    let children: Vec<_> = (0..procs)
+        .map(|_| {
+            let mut cmd = Command::new(env!("CARGO_BIN_EXE_lock_worker"));
+            cmd.args(["--redlock", "increment", &list, &key, &rounds.to_string()])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit());
+            spawn_tied(cmd).unwrap()
+        })
+        .collect();
+    let mut fences = Vec::new();
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "worker failed: {:?}", out.status);
+        for line in String::from_utf8(out.stdout).unwrap().lines() {
+            fences.push(line.strip_prefix("FENCE ").unwrap().parse::<u64>().unwrap());
+        }
+    }
+    let count: i64 = nodes[0].cmd(&["GET", &format!("{key}:counter")]);
+    assert_eq!(count, procs * rounds, "lost updates: two holders at once");
+    let distinct: HashSet<_> = fences.iter().collect();
+    assert_eq!(
+        distinct.len(),
+        fences.len(),
+        "two holders got the same fence"
+    );
+}

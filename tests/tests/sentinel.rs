@@ -1,0 +1,223 @@
+//! Sentinel: a primary, a replica and three `redis-sentinel` processes.
+//! The client follows a failover; what a failover does to held locks, with
+//! and without `replica_acks`.
+
+use std::time::{Duration, Instant};
+
+use lock_runtime::{LockClient, LockError};
+use tests::proxy::{Mode, Proxy};
+use tests::sentinel::{start_replica, wait_replicas_online, Sentinels, Timing};
+use tests::{eventually, unique, RedisServer};
+
+const MASTER: &str = "mymaster";
+
+fn hash(key: &str) -> String {
+    format!("lock:{{{key}}}")
+}
+
+fn builder() -> lock_runtime::LockClientBuilder {
+    LockClient::builder()
+        .op_timeout(Duration::from_millis(500))
+        .connect_timeout(Duration::from_millis(500))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn primary_killed_clients_follow_the_new_primary() {
+    tests::init_tracing();
+    let mut primary = RedisServer::start();
+    let replica = start_replica(primary.port());
+    wait_replicas_online(&primary, 1, Duration::from_secs(10));
+    let sentinels = Sentinels::start(3, MASTER, &primary, Timing::default());
+    sentinels.wait_ready(1, Duration::from_secs(20));
+    let client = builder().sentinel(sentinels.urls(), MASTER).await.unwrap();
+
+    let held_key = unique("held");
+    let held = client
+        .lock(&held_key)
+        .lease(Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert!(primary.exists(&hash(&held_key)));
+    assert!(
+        eventually(Duration::from_secs(5), || replica.exists(&hash(&held_key))).await,
+        "the lock never reached the replica"
+    );
+
+    let old = primary.port();
+    primary.kill();
+    let killed = Instant::now();
+    // New locks fail with a backend error until the failover is through,
+    // then work on the new primary.
+    let mut failures = 0;
+    let first = loop {
+        match client.lock(unique("after")).await {
+            Ok(g) => break g,
+            Err(e) => {
+                assert!(matches!(e, LockError::Backend(_)), "{e:?}");
+                failures += 1;
+                assert!(
+                    killed.elapsed() < Duration::from_secs(50),
+                    "no new lock within 50 s of the failover: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    let recovered = killed.elapsed();
+    assert!(
+        replica.exists(&hash(first.key())),
+        "new lock is not on the new primary"
+    );
+    first.release().await.unwrap();
+    assert_ne!(sentinels.primary_port(), Some(old));
+    println!(
+        "Sentinel failover: first new lock granted {recovered:?} after the primary was killed \
+         ({failures} failed attempts in between)"
+    );
+
+    // The lock held across the failover is still ours on the new primary.
+    assert!(!held.is_lost());
+    held.release()
+        .await
+        .expect("the replicated lock survived the failover");
+    assert!(!replica.exists(&hash(&held_key)));
+
+    // A client made after the failover finds the new primary at once.
+    let late = builder().sentinel(sentinels.urls(), MASTER).await.unwrap();
+    let g = late.lock(unique("late")).await.unwrap();
+    assert!(replica.exists(&hash(g.key())));
+    g.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_loss_on_failover_with_and_without_replica_acks() {
+    tests::init_tracing();
+    let mut primary = RedisServer::start();
+    // Replication runs through a proxy, so the test can stall it.
+    let link = Proxy::start(primary.port());
+    let replica = start_replica(link.port());
+    wait_replicas_online(&primary, 1, Duration::from_secs(10));
+    let timing = Timing {
+        down_after_ms: 1000,
+        // Keeps Sentinel from "fixing" the replica to bypass the proxy.
+        failover_timeout_ms: 30_000,
+    };
+    let sentinels = Sentinels::start(3, MASTER, &primary, timing);
+    sentinels.wait_ready(1, Duration::from_secs(20));
+    let ack_wait = Duration::from_millis(200);
+    let plain = builder().sentinel(sentinels.urls(), MASTER).await.unwrap();
+    let acked = builder()
+        .replica_acks(1, ack_wait)
+        .sentinel(sentinels.urls(), MASTER)
+        .await
+        .unwrap();
+
+    // Healthy replica: acknowledged locks cost one WAIT round trip more.
+    let (mut safe, mut plain_ms, mut acked_ms) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..10 {
+        let t = Instant::now();
+        safe.push(
+            acked
+                .lock(unique("acked"))
+                .lease(Duration::from_secs(20))
+                .await
+                .unwrap(),
+        );
+        acked_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        let t = Instant::now();
+        plain
+            .lock(unique("warm"))
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+        plain_ms.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+
+    // Replication stalls: the primary still grants, the replica never hears.
+    link.set(Mode::Drop);
+    let mut exposed = Vec::new();
+    for _ in 0..20 {
+        exposed.push(
+            plain
+                .lock(unique("plain"))
+                .lease(Duration::from_secs(3))
+                .await
+                .expect("without acks the primary alone grants"),
+        );
+    }
+    let mut refused = 0;
+    for _ in 0..3 {
+        let key = unique("refused");
+        let t = Instant::now();
+        match acked.lock(&key).lease(Duration::from_secs(3)).await {
+            Err(LockError::Backend(e)) => {
+                refused += 1;
+                assert!(e.to_string().contains("replicas"), "{e}");
+                assert!(t.elapsed() >= ack_wait, "refused before WAIT ran out");
+                assert!(
+                    !primary.exists(&hash(&key)),
+                    "refused lock left on the primary"
+                );
+            }
+            other => panic!("granted although no replica could confirm: {other:?}"),
+        }
+    }
+
+    let old = primary.port();
+    primary.kill();
+    let killed = Instant::now();
+    let new = sentinels.wait_failover(old, Duration::from_secs(70));
+    let failover = killed.elapsed();
+    assert_eq!(new, replica.port());
+
+    // Locks granted while replication stalled are gone from the new primary;
+    // every holder must be told.
+    let missing = exposed
+        .iter()
+        .filter(|g| !replica.exists(&hash(g.key())))
+        .count();
+    for g in &exposed {
+        if !replica.exists(&hash(g.key())) {
+            tokio::time::timeout(Duration::from_secs(10), g.lost())
+                .await
+                .expect("a lock missing after the failover was never reported lost");
+        }
+    }
+    let told = killed.elapsed();
+    // Acknowledged locks are all on the new primary, and still held.
+    let survived = safe
+        .iter()
+        .filter(|g| replica.exists(&hash(g.key())))
+        .count();
+    let mut still_held = 0;
+    for g in safe {
+        if g.release().await.is_ok() {
+            still_held += 1;
+        }
+    }
+    for g in exposed {
+        let _ = g.release().await;
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    println!(
+        "Sentinel failover {failover:?} after the primary was killed.\n\
+         without replica_acks: 20 locks granted while replication stalled, {missing} missing \
+         on the new primary, all holders told lost within {told:?} of the kill\n\
+         with replica_acks(1, {ack_wait:?}): {refused}/3 acquires refused while replication \
+         stalled; 10 acknowledged locks: {survived} on the new primary, {still_held} still held\n\
+         acquire+release latency median: plain {:.2} ms, acquire with WAIT {:.2} ms",
+        median(&mut plain_ms),
+        median(&mut acked_ms)
+    );
+    assert_eq!(refused, 3);
+    assert_eq!(
+        survived, 10,
+        "an acknowledged lock was lost in the failover"
+    );
+    assert_eq!(still_held, 10);
+}
