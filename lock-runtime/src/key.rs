@@ -5,9 +5,14 @@ use crate::LockError;
 /// The Redis names that belong to one user key.
 ///
 /// The user's key sits inside a hash tag so that the lock hash, the fence
-/// counter and the wake-up channel share one Redis Cluster slot.
+/// counter and the wake-up channel share one Redis Cluster slot. Shared
+/// behind one `Arc`: the watchdog copies the names of every held lock on
+/// each tick.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub(crate) struct LockName {
+pub(crate) struct LockName(Arc<Names>);
+
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Names {
     /// The key the user asked for (without prefix).
     pub(crate) key: Arc<str>,
     /// `prefix{key}`: the hash mapping holder id to reentry count.
@@ -40,12 +45,20 @@ impl LockName {
             ));
         }
         let hash: Arc<str> = format!("{prefix}{{{key}}}").into();
-        Ok(LockName {
+        Ok(LockName(Arc::new(Names {
             key: key.into(),
             fence: format!("{hash}:fence").into(),
             channel: format!("{hash}:released").into(),
             hash,
-        })
+        })))
+    }
+}
+
+impl std::ops::Deref for LockName {
+    type Target = Names;
+
+    fn deref(&self) -> &Names {
+        &self.0
     }
 }
 

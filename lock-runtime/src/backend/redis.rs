@@ -205,7 +205,9 @@ impl RedisNode {
         // One EVALSHA per lease and chunk: locks of a client mostly share a
         // lease, which then travels once per call instead of once per lock.
         let mut order: Vec<usize> = (0..batch.len()).collect();
-        order.sort_by_key(|&i| batch[i].lease);
+        if batch.windows(2).any(|w| w[0].lease != w[1].lease) {
+            order.sort_by_key(|&i| batch[i].lease);
+        }
         let mut pipe = Pipeline::new();
         let mut calls = 0;
         for group in order.chunk_by(|&a, &b| batch[a].lease == batch[b].lease) {
@@ -219,29 +221,29 @@ impl RedisNode {
                 calls += 1;
             }
         }
-        let flags: Vec<Vec<i64>> = self.query(pipe_cmd(pipe), "renewing locks").await?;
+        let flags: Vec<Vec<u8>> = self.query(pipe_cmd(pipe), "renewing locks").await?;
         if flags.len() != calls {
             return Err(LockError::other(format!(
                 "renewing locks: {} replies to {calls} calls",
                 flags.len()
             )));
         }
-        let mut out: Vec<Option<Renewed>> = (0..batch.len()).map(|_| None).collect();
-        for (&i, f) in order.iter().zip(flags.into_iter().flatten()) {
-            out[i] = Some(if f == 1 {
-                Renewed::Yes
-            } else {
-                Renewed::NotOwner
-            });
+        let mut out: Vec<Renewed> = Vec::with_capacity(batch.len());
+        out.resize_with(batch.len(), || Renewed::NotOwner);
+        let mut seen = 0;
+        for (&i, f) in order.iter().zip(flags.iter().flatten()) {
+            if *f == b'1' {
+                out[i] = Renewed::Yes;
+            }
+            seen += 1;
         }
-        Ok(out
-            .into_iter()
-            .map(|o| {
-                o.unwrap_or_else(|| {
-                    Renewed::Failed(LockError::other("renewing locks: reply too short"))
-                })
-            })
-            .collect())
+        if seen != batch.len() {
+            return Err(LockError::other(format!(
+                "renewing locks: {seen} verdicts for {} locks",
+                batch.len()
+            )));
+        }
+        Ok(out)
     }
 }
 
