@@ -193,8 +193,9 @@ async fn lock_loss_on_failover_with_and_without_replica_acks() {
         .count();
     let mut still_held = 0;
     for g in safe {
-        if g.release().await.is_ok() {
-            still_held += 1;
+        match g.release().await {
+            Ok(()) => still_held += 1,
+            Err(e) => println!("acknowledged lock not held at release: {e}"),
         }
     }
     for g in exposed {

@@ -179,17 +179,20 @@ impl Shared {
         self.current.lock().unwrap().clone()
     }
 
-    /// Ask the sentinels again; switch if the primary moved. `seen` is the
-    /// primary a failed command went to: if it was replaced meanwhile, that
-    /// is the answer. Returns the current primary.
-    async fn rediscover(&self, seen: Option<&Arc<Primary>>) -> Result<Arc<Primary>, LockError> {
+    /// Ask the sentinels again; switch if the primary moved. `failed` is
+    /// the primary a failed command went to and when that command started:
+    /// if the primary was replaced or the sentinels were asked since, that
+    /// answer stands. Returns the current primary.
+    async fn rediscover(
+        &self,
+        failed: Option<(&Arc<Primary>, Instant)>,
+    ) -> Result<Arc<Primary>, LockError> {
         let mut last = self.discovery.lock().await;
         let now = self.current();
-        if seen.is_some_and(|s| !Arc::ptr_eq(s, &now)) {
-            return Ok(now);
-        }
-        if seen.is_some() && last.elapsed() < Duration::from_millis(100) {
-            return Ok(now);
+        if let Some((seen, started)) = failed {
+            if !Arc::ptr_eq(seen, &now) || *last >= started {
+                return Ok(now);
+            }
         }
         *last = Instant::now();
         let addr = ask_sentinels(&self.sentinels, &self.master, &self.settings).await?;
@@ -209,9 +212,9 @@ impl Shared {
         F: Fn(Arc<Primary>) -> Fut,
         Fut: std::future::Future<Output = Result<T, LockError>>,
     {
-        let first = self.current();
+        let (first, started) = (self.current(), Instant::now());
         match op(first.clone()).await {
-            Err(e) if may_have_moved(&e) => match self.rediscover(Some(&first)).await {
+            Err(e) if may_have_moved(&e) => match self.rediscover(Some((&first, started))).await {
                 Ok(next) if !Arc::ptr_eq(&next, &first) => op(next).await,
                 _ => Err(e),
             },
@@ -280,7 +283,7 @@ impl Backend for SentinelBackend {
     fn renew(&self, batch: Vec<Renewal>) -> BoxFuture<Vec<Renewed>> {
         let shared = self.shared.clone();
         Box::pin(async move {
-            let first = shared.current();
+            let (first, started) = (shared.current(), Instant::now());
             let out = first.node.renew(&batch).await;
             let failed = out
                 .iter()
@@ -292,7 +295,7 @@ impl Backend for SentinelBackend {
             if !failed {
                 return out;
             }
-            match shared.rediscover(Some(&first)).await {
+            match shared.rediscover(Some((&first, started))).await {
                 Ok(next) if !Arc::ptr_eq(&next, &first) => next.node.renew(&batch).await,
                 _ => out,
             }
