@@ -226,3 +226,18 @@ async fn primary_killed_mid_run_each_lock_survives_or_its_holder_is_told() {
         "two holders were both told they held the same lock at once"
     );
 }
+
+#[tokio::test]
+async fn unreachable_cluster_is_a_backend_error_within_five_seconds() {
+    let urls: Vec<String> = (0..3)
+        .map(|_| format!("redis://127.0.0.1:{}", tests::free_port()))
+        .collect();
+    let started = Instant::now();
+    let err = LockClient::cluster(&urls).await.unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert!(matches!(err, LockError::Backend(_)), "{err:?}");
+}

@@ -104,20 +104,28 @@ impl RedisNode {
             .max_retry_wait(500)
             .build()
             .map_err(|e| LockError::Config(format!("bad Redis Cluster nodes `{seeds}`: {e}")))?;
+        // Connecting (slot map included) and a first PING share one budget.
         let budget = settings.connect_timeout + settings.op_timeout;
         let what = format!("connecting to Redis Cluster via {seeds}");
-        let conn = tokio::time::timeout(budget, client.get_async_connection())
+        let connect = async {
+            let mut conn = client
+                .get_async_connection()
+                .await
+                .map_err(|e| LockError::redis(what.clone(), e))?;
+            redis::cmd("PING")
+                .query_async::<String>(&mut conn)
+                .await
+                .map_err(|e| LockError::redis(what.clone(), e))?;
+            Ok::<_, LockError>(conn)
+        };
+        let conn = tokio::time::timeout(budget, connect)
             .await
-            .map_err(|_| LockError::timed_out(what.clone(), budget))?
-            .map_err(|e| LockError::redis(what, e))?;
-        let node = RedisNode {
+            .map_err(|_| LockError::timed_out(what.clone(), budget))??;
+        Ok(RedisNode {
             conn: Conn::Cluster(conn),
             addr: format!("cluster({seeds})").into(),
             settings,
-        };
-        node.query::<String>(Query::Cmd(redis::cmd("PING")), "pinging the cluster")
-            .await?;
-        Ok(node)
+        })
     }
 
     /// Run a plain command (WAIT, ROLE, ...).

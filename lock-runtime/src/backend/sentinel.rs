@@ -65,8 +65,20 @@ impl SentinelBackend {
             redis::Client::open(url.as_str())
                 .map_err(|e| LockError::Config(format!("bad Sentinel URL `{url}`: {e}")))?;
         }
-        let addr = ask_sentinels(&sentinels, &master, &settings).await?;
-        let primary = open_primary(&addr, &settings, acks, &io).await?;
+        // Asking and connecting share one budget: an unreachable deployment
+        // is an error within seconds, never a hang.
+        let budget = settings.connect_timeout + settings.op_timeout;
+        let primary = tokio::time::timeout(budget, async {
+            let addr = ask_sentinels(&sentinels, &master, &settings).await?;
+            open_primary(&addr, &settings, acks, &io).await
+        })
+        .await
+        .map_err(|_| {
+            LockError::timed_out(
+                format!("finding master `{master}` through Sentinel"),
+                budget,
+            )
+        })??;
         let shared = Arc::new(Shared {
             sentinels,
             master,
@@ -92,14 +104,15 @@ async fn refresh(shared: Weak<Shared>) {
     }
 }
 
-/// The primary's `host:port` according to the first sentinel that knows.
+/// The primary's `host:port` according to the first sentinel (in the
+/// order given) that knows; all are asked at once.
 async fn ask_sentinels(
     sentinels: &[String],
     master: &str,
     settings: &NodeSettings,
 ) -> Result<String, LockError> {
-    let mut why = Vec::new();
-    for url in sentinels {
+    let limit = settings.connect_timeout + settings.op_timeout;
+    let answers = futures_util::future::join_all(sentinels.iter().map(|url| async move {
         let ask = async {
             let client = redis::Client::open(url.as_str())?;
             let mut conn = client.get_multiplexed_async_connection().await?;
@@ -109,12 +122,19 @@ async fn ask_sentinels(
                 .query_async::<Option<(String, u16)>>(&mut conn)
                 .await
         };
-        let limit = settings.connect_timeout + settings.op_timeout;
         match tokio::time::timeout(limit, ask).await {
-            Ok(Ok(Some((host, port)))) => return Ok(format!("{host}:{port}")),
-            Ok(Ok(None)) => why.push(format!("{url}: does not know master `{master}`")),
-            Ok(Err(e)) => why.push(format!("{url}: {e}")),
-            Err(_) => why.push(format!("{url}: no answer within {limit:?}")),
+            Ok(Ok(Some((host, port)))) => Ok(format!("{host}:{port}")),
+            Ok(Ok(None)) => Err(format!("{url}: does not know master `{master}`")),
+            Ok(Err(e)) => Err(format!("{url}: {e}")),
+            Err(_) => Err(format!("{url}: no answer within {limit:?}")),
+        }
+    }))
+    .await;
+    let mut why = Vec::new();
+    for a in answers {
+        match a {
+            Ok(addr) => return Ok(addr),
+            Err(e) => why.push(e),
         }
     }
     Err(LockError::other(format!(
@@ -205,6 +225,20 @@ impl Shared {
         Ok(primary)
     }
 
+    /// Re-discover after `primary` failed a command that began at `started`,
+    /// within one operation timeout.
+    async fn after_failure(
+        &self,
+        primary: &Arc<Primary>,
+        started: Instant,
+    ) -> Option<Arc<Primary>> {
+        let limit = self.settings.op_timeout;
+        match tokio::time::timeout(limit, self.rediscover(Some((primary, started)))).await {
+            Ok(Ok(next)) if !Arc::ptr_eq(&next, primary) => Some(next),
+            _ => None,
+        }
+    }
+
     /// Run `op` on the primary; if it failed in a way that may mean the
     /// primary moved and it did, run it once more on the new one.
     async fn on_primary<T, F, Fut>(&self, op: F) -> Result<T, LockError>
@@ -214,9 +248,9 @@ impl Shared {
     {
         let (first, started) = (self.current(), Instant::now());
         match op(first.clone()).await {
-            Err(e) if may_have_moved(&e) => match self.rediscover(Some((&first, started))).await {
-                Ok(next) if !Arc::ptr_eq(&next, &first) => op(next).await,
-                _ => Err(e),
+            Err(e) if may_have_moved(&e) => match self.after_failure(&first, started).await {
+                Some(next) => op(next).await,
+                None => Err(e),
             },
             other => other,
         }
@@ -295,9 +329,9 @@ impl Backend for SentinelBackend {
             if !failed {
                 return out;
             }
-            match shared.rediscover(Some((&first, started))).await {
-                Ok(next) if !Arc::ptr_eq(&next, &first) => next.node.renew(&batch).await,
-                _ => out,
+            match shared.after_failure(&first, started).await {
+                Some(next) => next.node.renew(&batch).await,
+                None => out,
             }
         })
     }
