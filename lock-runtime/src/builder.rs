@@ -118,6 +118,20 @@ impl LockClientBuilder {
         LockClient::redlock_with(self.without_acks("redlock")?, owned(urls)).await
     }
 
+    /// A Redis Cluster; see [`LockClient::cluster`].
+    pub async fn cluster(
+        self,
+        urls: impl IntoIterator<Item = impl AsRef<str>>,
+    ) -> Result<LockClient, LockError> {
+        let urls = owned(urls);
+        if urls.is_empty() {
+            return Err(LockError::Config(
+                "a Redis Cluster client needs at least one node URL".into(),
+            ));
+        }
+        LockClient::cluster_with(self.without_acks("cluster")?, urls).await
+    }
+
     /// A primary found through Redis Sentinel; see [`LockClient::sentinel`].
     pub async fn sentinel(
         self,

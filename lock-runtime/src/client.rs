@@ -3,6 +3,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::backend::cluster::ClusterBackend;
 use crate::backend::memory::MemoryBackend;
 use crate::backend::redis::{NodeSettings, RedisBackend};
 use crate::backend::redlock::RedlockBackend;
@@ -134,6 +135,21 @@ impl LockClient {
         Self::builder().redlock(urls).await
     }
 
+    /// A Redis Cluster, reached through any of its nodes. A lock's hash,
+    /// fence counter and channel share one slot; the client follows
+    /// MOVED/ASK redirects and failovers.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lock_runtime::LockError> {
+    /// let client = lock_runtime::LockClient::cluster(["redis://10.0.0.1:7000"]).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn cluster(
+        urls: impl IntoIterator<Item = impl AsRef<str>>,
+    ) -> Result<LockClient, LockError> {
+        Self::builder().cluster(urls).await
+    }
+
     /// A primary found through Redis Sentinel (`redis://host:26379` URLs of
     /// the sentinels) under `master_name`; failovers are followed.
     ///
@@ -226,6 +242,18 @@ impl LockClient {
         );
         let backend = io
             .run(async move { RedlockBackend::connect(urls, settings, handle, jitter).await })
+            .await?;
+        Ok(Self::from_parts(config, Arc::new(backend), io))
+    }
+
+    pub(crate) async fn cluster_with(
+        config: Config,
+        urls: Vec<String>,
+    ) -> Result<LockClient, LockError> {
+        let io = Io::start()?;
+        let (settings, handle) = (config.node_settings(), io.handle().clone());
+        let backend = io
+            .run(async move { ClusterBackend::connect(urls, settings, handle).await })
             .await?;
         Ok(Self::from_parts(config, Arc::new(backend), io))
     }

@@ -26,6 +26,14 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Deployments
+//! [`LockClient::connect`] (one Redis), [`LockClient::sentinel`] (a primary
+//! found through Sentinel, followed across failovers),
+//! [`LockClient::cluster`] (Redis Cluster), [`LockClient::redlock`] (a
+//! majority of independent servers) and [`LockClient::memory`] (this process)
+//! all give the same locks; they differ in what a crash or failover can do to
+//! a held one. `docs/DEPLOYMENTS.md` compares them.
+//!
 //! # What Redis holds
 //! A held lock is a hash `lock:{key}` mapping holder id to reentry count,
 //! with the lease as its expiry. Beside it, in the same cluster slot, the

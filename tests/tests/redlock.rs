@@ -261,3 +261,26 @@ fn processes_exclusive_exact_counter() {
         "two holders got the same fence"
     );
 }
+
+#[tokio::test]
+async fn unreachable_majority_is_a_backend_error_naming_the_nodes_within_five_seconds() {
+    let up = RedisServer::start();
+    let down: Vec<String> = (0..2)
+        .map(|_| format!("redis://127.0.0.1:{}", tests::free_port()))
+        .collect();
+    let started = Instant::now();
+    let err = LockClient::redlock([up.url(), down[0].clone(), down[1].clone()])
+        .await
+        .unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert!(matches!(err, LockError::Backend(_)), "{err:?}");
+    let msg = err.to_string();
+    assert!(down.iter().all(|u| msg.contains(u.as_str())), "{msg}");
+    let empty: [&str; 0] = [];
+    let err = LockClient::redlock(empty).await.unwrap_err();
+    assert!(matches!(err, LockError::Config(_)), "{err:?}");
+}

@@ -193,8 +193,9 @@ async fn lock_loss_on_failover_with_and_without_replica_acks() {
         .count();
     let mut still_held = 0;
     for g in safe {
-        if g.release().await.is_ok() {
-            still_held += 1;
+        match g.release().await {
+            Ok(()) => still_held += 1,
+            Err(e) => println!("acknowledged lock not held at release: {e}"),
         }
     }
     for g in exposed {
@@ -220,4 +221,27 @@ async fn lock_loss_on_failover_with_and_without_replica_acks() {
         "an acknowledged lock was lost in the failover"
     );
     assert_eq!(still_held, 10);
+}
+
+#[tokio::test]
+async fn unreachable_sentinels_are_a_backend_error_within_five_seconds() {
+    let urls: Vec<String> = (0..3)
+        .map(|_| format!("redis://127.0.0.1:{}", tests::free_port()))
+        .collect();
+    let started = Instant::now();
+    let err = LockClient::sentinel(&urls, MASTER).await.unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert!(matches!(err, LockError::Backend(_)), "{err:?}");
+    assert!(err.to_string().contains(MASTER), "{err}");
+    // Asking replica acks of a single-server client is a configuration error.
+    let err = LockClient::builder()
+        .replica_acks(1, Duration::from_millis(100))
+        .connect(&urls[0])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::Config(_)), "{err:?}");
 }

@@ -10,6 +10,7 @@ use crate::key::LockName;
 use crate::wakeups::Waiter;
 use crate::LockError;
 
+pub(crate) mod cluster;
 pub(crate) mod memory;
 pub(crate) mod redis;
 pub(crate) mod redlock;

@@ -1,11 +1,13 @@
-//! One Redis server: the lock scripts over a self-healing connection, and
-//! the release wake-ups over a RESP3 subscription. Every Redis-speaking
-//! backend is built from these two parts.
+//! One Redis server (or one Redis Cluster): the lock scripts over a
+//! self-healing connection, and the release wake-ups over a RESP3
+//! subscription. Every Redis-speaking backend is built from these two parts.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, FromRedisValue, Pipeline, ProtocolVersion, PushInfo, PushKind, Value};
 use tokio::runtime::Handle;
 
@@ -26,16 +28,33 @@ pub(crate) struct NodeSettings {
     pub(crate) connect_timeout: Duration,
 }
 
-/// A connection to one Redis server that runs the lock scripts.
+/// A connection that runs the lock scripts: to one Redis server, or to a
+/// Redis Cluster (commands routed by key, following MOVED/ASK and failovers).
 #[derive(Clone)]
 pub(crate) struct RedisNode {
-    conn: ConnectionManager,
+    conn: Conn,
     pub(crate) addr: Arc<str>,
     settings: NodeSettings,
 }
 
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
 fn open(url: &str) -> Result<redis::Client, LockError> {
     redis::Client::open(url).map_err(|e| LockError::Config(format!("bad Redis URL `{url}`: {e}")))
+}
+
+async fn send<T: FromRedisValue>(
+    q: &Query,
+    conn: &mut impl ConnectionLike,
+) -> redis::RedisResult<T> {
+    match q {
+        Query::Cmd(c) => c.query_async::<T>(conn).await,
+        Query::Pipe(p) => p.query_async::<T>(conn).await,
+    }
 }
 
 impl RedisNode {
@@ -59,12 +78,54 @@ impl RedisNode {
         .map_err(|_| LockError::timed_out(format!("connecting to Redis at {addr}"), budget))?
         .map_err(|e| LockError::redis(format!("connecting to Redis at {addr}"), e))?;
         let node = RedisNode {
-            conn,
+            conn: Conn::Single(conn),
             addr,
             settings,
         };
         node.load_scripts().await?;
         Ok(node)
+    }
+
+    /// Connect to a Redis Cluster through any of its nodes. Scripts are not
+    /// preloaded: a node that lacks one gets it by EVAL on first use.
+    pub(crate) async fn cluster(
+        urls: &[String],
+        settings: NodeSettings,
+    ) -> Result<Self, LockError> {
+        let seeds = urls.join(", ");
+        for url in urls {
+            open(url)?;
+        }
+        let client = ClusterClient::builder(urls.iter().map(String::as_str))
+            .connection_timeout(settings.connect_timeout)
+            .response_timeout(settings.op_timeout)
+            .retries(3)
+            .min_retry_wait(50)
+            .max_retry_wait(500)
+            .build()
+            .map_err(|e| LockError::Config(format!("bad Redis Cluster nodes `{seeds}`: {e}")))?;
+        // Connecting (slot map included) and a first PING share one budget.
+        let budget = settings.connect_timeout + settings.op_timeout;
+        let what = format!("connecting to Redis Cluster via {seeds}");
+        let connect = async {
+            let mut conn = client
+                .get_async_connection()
+                .await
+                .map_err(|e| LockError::redis(what.clone(), e))?;
+            redis::cmd("PING")
+                .query_async::<String>(&mut conn)
+                .await
+                .map_err(|e| LockError::redis(what.clone(), e))?;
+            Ok::<_, LockError>(conn)
+        };
+        let conn = tokio::time::timeout(budget, connect)
+            .await
+            .map_err(|_| LockError::timed_out(what.clone(), budget))??;
+        Ok(RedisNode {
+            conn: Conn::Cluster(conn),
+            addr: format!("cluster({seeds})").into(),
+            settings,
+        })
     }
 
     /// Run a plain command (WAIT, ROLE, ...).
@@ -89,9 +150,9 @@ impl RedisNode {
     async fn query<T: FromRedisValue>(&self, q: Query, what: &str) -> Result<T, LockError> {
         let mut conn = self.conn.clone();
         let fut = async {
-            match &q {
-                Query::Cmd(c) => c.query_async::<T>(&mut conn).await,
-                Query::Pipe(p) => p.query_async::<T>(&mut conn).await,
+            match &mut conn {
+                Conn::Single(c) => send(&q, c).await,
+                Conn::Cluster(c) => send(&q, c).await,
             }
         };
         match tokio::time::timeout(self.settings.op_timeout, fut).await {
@@ -176,8 +237,12 @@ impl RedisNode {
         Ok(())
     }
 
-    /// Renew a batch in one pipelined round trip.
+    /// Renew a batch in one pipelined round trip (one script call per lock
+    /// on a cluster, where the locks live in different slots).
     pub(crate) async fn renew(&self, batch: &[Renewal]) -> Vec<Renewed> {
+        if let Conn::Cluster(_) = self.conn {
+            return futures_util::future::join_all(batch.iter().map(|r| self.renew_one(r))).await;
+        }
         match self.renew_once(batch).await {
             Err(LockError::Backend(crate::error::BackendError::Redis { source, .. }))
                 if scripts::is_noscript(&source) =>
@@ -199,6 +264,18 @@ impl RedisNode {
                 .map(|_| Renewed::Failed(LockError::other(msg.clone())))
                 .collect()
         })
+    }
+
+    async fn renew_one(&self, r: &Renewal) -> Renewed {
+        let lease = millis(r.lease).to_string();
+        match self
+            .eval::<Vec<i64>>(&scripts::RENEW, &[&r.name.hash], &[&r.owner, &lease])
+            .await
+        {
+            Ok(flags) if flags.first() == Some(&1) => Renewed::Yes,
+            Ok(_) => Renewed::NotOwner,
+            Err(e) => Renewed::Failed(e),
+        }
     }
 
     async fn renew_once(&self, batch: &[Renewal]) -> Result<Vec<Renewed>, LockError> {

@@ -65,8 +65,20 @@ impl SentinelBackend {
             redis::Client::open(url.as_str())
                 .map_err(|e| LockError::Config(format!("bad Sentinel URL `{url}`: {e}")))?;
         }
-        let addr = ask_sentinels(&sentinels, &master, &settings).await?;
-        let primary = open_primary(&addr, &settings, acks, &io).await?;
+        // Asking and connecting share one budget: an unreachable deployment
+        // is an error within seconds, never a hang.
+        let budget = settings.connect_timeout + settings.op_timeout;
+        let primary = tokio::time::timeout(budget, async {
+            let addr = ask_sentinels(&sentinels, &master, &settings).await?;
+            open_primary(&addr, &settings, acks, &io).await
+        })
+        .await
+        .map_err(|_| {
+            LockError::timed_out(
+                format!("finding master `{master}` through Sentinel"),
+                budget,
+            )
+        })??;
         let shared = Arc::new(Shared {
             sentinels,
             master,
@@ -92,14 +104,15 @@ async fn refresh(shared: Weak<Shared>) {
     }
 }
 
-/// The primary's `host:port` according to the first sentinel that knows.
+/// The primary's `host:port` according to the first sentinel (in the
+/// order given) that knows; all are asked at once.
 async fn ask_sentinels(
     sentinels: &[String],
     master: &str,
     settings: &NodeSettings,
 ) -> Result<String, LockError> {
-    let mut why = Vec::new();
-    for url in sentinels {
+    let limit = settings.connect_timeout + settings.op_timeout;
+    let answers = futures_util::future::join_all(sentinels.iter().map(|url| async move {
         let ask = async {
             let client = redis::Client::open(url.as_str())?;
             let mut conn = client.get_multiplexed_async_connection().await?;
@@ -109,12 +122,19 @@ async fn ask_sentinels(
                 .query_async::<Option<(String, u16)>>(&mut conn)
                 .await
         };
-        let limit = settings.connect_timeout + settings.op_timeout;
         match tokio::time::timeout(limit, ask).await {
-            Ok(Ok(Some((host, port)))) => return Ok(format!("{host}:{port}")),
-            Ok(Ok(None)) => why.push(format!("{url}: does not know master `{master}`")),
-            Ok(Err(e)) => why.push(format!("{url}: {e}")),
-            Err(_) => why.push(format!("{url}: no answer within {limit:?}")),
+            Ok(Ok(Some((host, port)))) => Ok(format!("{host}:{port}")),
+            Ok(Ok(None)) => Err(format!("{url}: does not know master `{master}`")),
+            Ok(Err(e)) => Err(format!("{url}: {e}")),
+            Err(_) => Err(format!("{url}: no answer within {limit:?}")),
+        }
+    }))
+    .await;
+    let mut why = Vec::new();
+    for a in answers {
+        match a {
+            Ok(addr) => return Ok(addr),
+            Err(e) => why.push(e),
         }
     }
     Err(LockError::other(format!(
@@ -179,17 +199,20 @@ impl Shared {
         self.current.lock().unwrap().clone()
     }
 
-    /// Ask the sentinels again; switch if the primary moved. `seen` is the
-    /// primary a failed command went to: if it was replaced meanwhile, that
-    /// is the answer. Returns the current primary.
-    async fn rediscover(&self, seen: Option<&Arc<Primary>>) -> Result<Arc<Primary>, LockError> {
+    /// Ask the sentinels again; switch if the primary moved. `failed` is
+    /// the primary a failed command went to and when that command started:
+    /// if the primary was replaced or the sentinels were asked since, that
+    /// answer stands. Returns the current primary.
+    async fn rediscover(
+        &self,
+        failed: Option<(&Arc<Primary>, Instant)>,
+    ) -> Result<Arc<Primary>, LockError> {
         let mut last = self.discovery.lock().await;
         let now = self.current();
-        if seen.is_some_and(|s| !Arc::ptr_eq(s, &now)) {
-            return Ok(now);
-        }
-        if seen.is_some() && last.elapsed() < Duration::from_millis(100) {
-            return Ok(now);
+        if let Some((seen, started)) = failed {
+            if !Arc::ptr_eq(seen, &now) || *last >= started {
+                return Ok(now);
+            }
         }
         *last = Instant::now();
         let addr = ask_sentinels(&self.sentinels, &self.master, &self.settings).await?;
@@ -202,6 +225,20 @@ impl Shared {
         Ok(primary)
     }
 
+    /// Re-discover after `primary` failed a command that began at `started`,
+    /// within one operation timeout.
+    async fn after_failure(
+        &self,
+        primary: &Arc<Primary>,
+        started: Instant,
+    ) -> Option<Arc<Primary>> {
+        let limit = self.settings.op_timeout;
+        match tokio::time::timeout(limit, self.rediscover(Some((primary, started)))).await {
+            Ok(Ok(next)) if !Arc::ptr_eq(&next, primary) => Some(next),
+            _ => None,
+        }
+    }
+
     /// Run `op` on the primary; if it failed in a way that may mean the
     /// primary moved and it did, run it once more on the new one.
     async fn on_primary<T, F, Fut>(&self, op: F) -> Result<T, LockError>
@@ -209,11 +246,11 @@ impl Shared {
         F: Fn(Arc<Primary>) -> Fut,
         Fut: std::future::Future<Output = Result<T, LockError>>,
     {
-        let first = self.current();
+        let (first, started) = (self.current(), Instant::now());
         match op(first.clone()).await {
-            Err(e) if may_have_moved(&e) => match self.rediscover(Some(&first)).await {
-                Ok(next) if !Arc::ptr_eq(&next, &first) => op(next).await,
-                _ => Err(e),
+            Err(e) if may_have_moved(&e) => match self.after_failure(&first, started).await {
+                Some(next) => op(next).await,
+                None => Err(e),
             },
             other => other,
         }
@@ -280,7 +317,7 @@ impl Backend for SentinelBackend {
     fn renew(&self, batch: Vec<Renewal>) -> BoxFuture<Vec<Renewed>> {
         let shared = self.shared.clone();
         Box::pin(async move {
-            let first = shared.current();
+            let (first, started) = (shared.current(), Instant::now());
             let out = first.node.renew(&batch).await;
             let failed = out
                 .iter()
@@ -292,9 +329,9 @@ impl Backend for SentinelBackend {
             if !failed {
                 return out;
             }
-            match shared.rediscover(Some(&first)).await {
-                Ok(next) if !Arc::ptr_eq(&next, &first) => next.node.renew(&batch).await,
-                _ => out,
+            match shared.after_failure(&first, started).await {
+                Some(next) => next.node.renew(&batch).await,
+                None => out,
             }
         })
     }
