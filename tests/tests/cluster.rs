@@ -241,3 +241,49 @@ async fn unreachable_cluster_is_a_backend_error_within_five_seconds() {
     );
     assert!(matches!(err, LockError::Backend(_)), "{err:?}");
 }
+
+/// Locks in different slots (so on different primaries) are renewed past
+/// their lease, and one deleted from outside is reported lost while the
+/// others stay held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watchdog_renews_locks_on_every_primary_and_reports_a_deleted_one() {
+    let cluster = Cluster::start(3, 0, 2000);
+    let client = builder().cluster(cluster.urls()).await.unwrap();
+    let base = unique("renew");
+    let lease = Duration::from_secs(1);
+    let mut guards = Vec::new();
+    for i in 0..12 {
+        guards.push(
+            client
+                .lock(format!("{base}:{i}"))
+                .lease(lease)
+                .await
+                .unwrap(),
+        );
+    }
+    // Time is the subject: three and a half leases.
+    tokio::time::sleep(lease * 7 / 2).await;
+    assert!(
+        guards.iter().all(|g| !g.is_lost()),
+        "a lock was lost although its primary was up"
+    );
+    // Delete one lock behind the client's back, on whichever primary owns it.
+    let victim = format!("lock:{{{}}}", guards[0].key());
+    let mut deleted = 0;
+    for url in cluster.urls() {
+        let mut conn = redis::Client::open(url.as_str())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        if let Ok(n) = redis::cmd("DEL").arg(&victim).query::<u64>(&mut conn) {
+            deleted += n;
+        }
+    }
+    assert_eq!(deleted, 1, "the lock hash was not on exactly one primary");
+    let lost = tokio::time::timeout(lease * 3, guards[0].lost()).await;
+    assert!(lost.is_ok(), "the deleted lock was not reported lost");
+    for g in guards.drain(1..) {
+        assert!(!g.is_lost());
+        g.release().await.expect("still held");
+    }
+}

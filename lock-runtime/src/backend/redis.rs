@@ -269,10 +269,10 @@ impl RedisNode {
     async fn renew_one(&self, r: &Renewal) -> Renewed {
         let lease = millis(r.lease).to_string();
         match self
-            .eval::<Vec<i64>>(&scripts::RENEW, &[&r.name.hash], &[&r.owner, &lease])
+            .eval::<Vec<u8>>(&scripts::RENEW, &[&r.name.hash], &[&lease, &r.owner])
             .await
         {
-            Ok(flags) if flags.first() == Some(&1) => Renewed::Yes,
+            Ok(flags) if flags.first() == Some(&b'1') => Renewed::Yes,
             Ok(_) => Renewed::NotOwner,
             Err(e) => Renewed::Failed(e),
         }
