@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{watch, Notify};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::backend::{Backend, Renewal, Renewed};
@@ -47,7 +47,27 @@ struct Entry {
     next_due: Instant,
     /// The lease runs out here unless a renewal succeeds.
     deadline: Instant,
-    lost: watch::Sender<bool>,
+    lost: Arc<LostSignal>,
+}
+
+/// Set once, when the watchdog gives a lock up. A flag and a `Notify`
+/// rather than a `watch` channel: it is allocated for every held lock, and
+/// a `watch` channel is several times its size.
+#[derive(Default)]
+struct LostSignal {
+    lost: AtomicBool,
+    notify: Notify,
+}
+
+impl LostSignal {
+    fn set(&self) {
+        self.lost.store(true, Ordering::Release);
+        self.notify.notify_waiters();
+    }
+
+    fn is_set(&self) -> bool {
+        self.lost.load(Ordering::Acquire)
+    }
 }
 
 /// A guard's link to its watchdog entry.
@@ -55,20 +75,28 @@ struct Entry {
 pub(crate) struct Held {
     key: EntryKey,
     id: u64,
-    lost: watch::Receiver<bool>,
+    lost: Arc<LostSignal>,
 }
 
 impl Held {
     pub(crate) fn is_lost(&self) -> bool {
-        *self.lost.borrow()
+        self.lost.is_set()
     }
 
     /// Resolves when the lock is lost; never, if it is released first.
     pub(crate) fn lost(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let mut rx = self.lost.clone();
+        let signal = self.lost.clone();
         async move {
-            if rx.wait_for(|lost| *lost).await.is_err() {
-                std::future::pending::<()>().await;
+            loop {
+                let notified = signal.notify.notified();
+                tokio::pin!(notified);
+                // Registered before the flag is read: a loss in between
+                // still wakes this future.
+                notified.as_mut().enable();
+                if signal.is_set() {
+                    return;
+                }
+                notified.await;
             }
         }
     }
@@ -119,7 +147,7 @@ impl Watchdog {
                 next_due: granted_at + interval(renewal.lease),
                 deadline: granted_at + valid,
                 holds: 0,
-                lost: watch::channel(false).0,
+                lost: Arc::default(),
                 renewal: renewal.clone(),
             }
         });
@@ -132,7 +160,7 @@ impl Watchdog {
         let held = Held {
             key,
             id: entry.id,
-            lost: entry.lost.subscribe(),
+            lost: entry.lost.clone(),
         };
         let due = entry.next_due.min(entry.deadline);
         let wake =
@@ -258,13 +286,13 @@ async fn tick(shared: &Shared, backend: &dyn Backend) {
             }
             Some(Renewed::NotOwner) => {
                 tracing::warn!(key = %entry.renewal.name.key, "lock lost: Redis no longer has it for this holder");
-                entry.lost.send_replace(true);
+                entry.lost.set();
                 gone.push(key.clone());
             }
             failed => {
                 if now >= entry.deadline {
                     tracing::warn!(key = %entry.renewal.name.key, "lock lost: lease ran out while renewals failed");
-                    entry.lost.send_replace(true);
+                    entry.lost.set();
                     gone.push(key.clone());
                 } else {
                     if let Some(Renewed::Failed(e)) = failed {
