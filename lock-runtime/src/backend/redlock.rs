@@ -205,14 +205,13 @@ impl Shared {
                 Err(_) => {}
             }
         }
-        let granted: Vec<usize> = fresh.iter().chain(&reentered).map(|g| g.0).collect();
         let key = &name.key;
 
         if !reentered.is_empty() {
-            // Only nodes that granted may be touched: elsewhere a release
-            // would eat into the outer hold this reentry builds on.
             if reentered.len() < self.quorum {
-                self.release_on(name, owner, &granted).await;
+                // Undone everywhere: a node that did not answer in time
+                // runs the release after the reentry it has queued.
+                self.undo(name, owner).await;
                 tracing::warn!(key = %key, held_on = reentered.len(), nodes = n, "Redlock reentry: the outer hold is no longer on a majority");
                 return Err(LockError::Lost {
                     key: key.to_string(),
