@@ -163,17 +163,9 @@ impl Shared {
     /// a lost reply is not a refusal. Each node's connection keeps order, so
     /// the release lands after the acquire even on a slow node.
     async fn undo(&self, name: &LockName, owner: &str) {
-        let all: Vec<usize> = (0..self.slots.len()).collect();
-        self.release_on(name, owner, &all).await;
-    }
-
-    async fn release_on(&self, name: &LockName, owner: &str, only: &[usize]) {
-        join_all(only.iter().map(|&i| {
-            let slot = &self.slots[i];
-            async move {
-                let fut = async { slot.node().await?.release(name, owner).await };
-                let _ = tokio::time::timeout(self.op_timeout, fut).await;
-            }
+        join_all(self.slots.iter().map(|slot| async move {
+            let fut = async { slot.node().await?.release(name, owner).await };
+            let _ = tokio::time::timeout(self.op_timeout, fut).await;
         }))
         .await;
     }
