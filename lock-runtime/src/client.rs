@@ -153,6 +153,10 @@ impl LockClient {
     /// A primary found through Redis Sentinel (`redis://host:26379` URLs of
     /// the sentinels) under `master_name`; failovers are followed.
     ///
+    /// The primary is reached at the address Sentinel reports, as
+    /// `redis://host:port` (no password or TLS on the data nodes yet). See
+    /// [`LockClientBuilder::replica_acks`] for locks that survive a failover.
+    ///
     /// ```no_run
     /// # async fn demo() -> Result<(), lock_runtime::LockError> {
     /// let client = lock_runtime::LockClient::sentinel(

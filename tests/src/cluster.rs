@@ -124,3 +124,97 @@ impl Cluster {
         }
     }
 }
+
+/// The hash slot of a key (CRC16/XMODEM of its hash tag, or of the whole
+/// key without one), as Redis Cluster computes it.
+pub fn key_slot(key: &str) -> u16 {
+    let bytes = key.as_bytes();
+    let tagged = bytes.iter().position(|&b| b == b'{').and_then(|open| {
+        let close = bytes[open + 1..].iter().position(|&b| b == b'}')?;
+        (close > 0).then(|| &bytes[open + 1..open + 1 + close])
+    });
+    let mut crc: u16 = 0;
+    for &b in tagged.unwrap_or(bytes) {
+        crc ^= (b as u16) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc & 16383
+}
+
+impl Cluster {
+    /// `CLUSTER MYID` of node `i`.
+    pub fn id(&self, i: usize) -> String {
+        self.nodes[i].cmd(&["CLUSTER", "MYID"])
+    }
+
+    /// Index of the primary serving `slot`, as node 0 sees it.
+    pub fn slot_owner(&self, slot: u16) -> usize {
+        let text: String = self.nodes[0].cmd(&["CLUSTER", "NODES"]);
+        for line in text.lines() {
+            let f: Vec<&str> = line.split(' ').collect();
+            if f.len() < 9 || !f[2].contains("master") {
+                continue;
+            }
+            let serves = f[8..].iter().any(|r| {
+                let mut ends = r.split('-').map(|n| n.parse::<u16>());
+                match (ends.next(), ends.next()) {
+                    (Some(Ok(a)), Some(Ok(b))) => (a..=b).contains(&slot),
+                    (Some(Ok(a)), None) => a == slot,
+                    _ => false,
+                }
+            });
+            if serves {
+                let port = f[1].split('@').next().unwrap().rsplit(':').next().unwrap();
+                return self.index_of(port.parse().unwrap());
+            }
+        }
+        panic!("nobody serves slot {slot}");
+    }
+
+    /// First half of a slot migration: `to` imports, `from` migrates. Keys
+    /// still on `from` are served there; new keys are sent on with `ASK`.
+    pub fn begin_migration(&self, slot: u16, from: usize, to: usize) {
+        let slot = slot.to_string();
+        let _: () = self.nodes[to].cmd(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &self.id(from)]);
+        let _: () = self.nodes[from].cmd(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &self.id(to)]);
+    }
+
+    /// Move some keys of a migrating slot now: clients asking `from` for
+    /// them get `ASK`.
+    pub fn migrate_keys(&self, from: usize, to: usize, keys: &[&str]) {
+        let port = self.nodes[to].port().to_string();
+        let mut args = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
+        args.extend(keys);
+        let _: String = self.nodes[from].cmd(&args);
+    }
+
+    /// How many `TRYAGAIN` errors node `i` has answered.
+    pub fn try_again_errors(&self, i: usize) -> u64 {
+        let info: String = self.nodes[i].cmd(&["INFO", "errorstats"]);
+        info.lines()
+            .find_map(|l| l.strip_prefix("errorstat_TRYAGAIN:count="))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Second half: move the slot's keys and hand the slot to `to`
+    /// everywhere; clients that still go to `from` get `MOVED`.
+    pub fn finish_migration(&self, slot: u16, from: usize, to: usize) {
+        let s = slot.to_string();
+        let keys: Vec<String> = self.nodes[from].cmd(&["CLUSTER", "GETKEYSINSLOT", &s, "1000"]);
+        if !keys.is_empty() {
+            let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+            self.migrate_keys(from, to, &keys);
+        }
+        let to_id = self.id(to);
+        for i in [to, from] {
+            let _: () = self.nodes[i].cmd(&["CLUSTER", "SETSLOT", &s, "NODE", &to_id]);
+        }
+    }
+}

@@ -50,13 +50,15 @@ async fn exclusion_over_keys_in_every_slot_range_exact_counters() {
                     .lock(key)
                     .wait(Duration::from_secs(30))
                     .await
-                    .expect("lock");
+                    .unwrap_or_else(|e| panic!("lock: {e:?}"));
                 let v = counter.load(Ordering::SeqCst);
                 fences.lock().unwrap().push(g.fence());
                 tokio::task::yield_now().await;
                 counter.store(v + 1, Ordering::SeqCst);
                 locked.fetch_add(1, Ordering::SeqCst);
-                g.release().await.expect("held to the end");
+                g.release()
+                    .await
+                    .unwrap_or_else(|e| panic!("held to the end: {e:?}"));
             }
         }));
     }
@@ -189,7 +191,7 @@ async fn primary_killed_mid_run_each_lock_survives_or_its_holder_is_told() {
             .lock(key)
             .wait(Duration::from_secs(10))
             .await
-            .expect("every key can be locked after the failover");
+            .unwrap_or_else(|e| panic!("every key can be locked after the failover: {e:?}"));
         g.release().await.unwrap();
     }
 
@@ -286,4 +288,72 @@ async fn watchdog_renews_locks_on_every_primary_and_reports_a_deleted_one() {
         assert!(!g.is_lost());
         g.release().await.expect("still held");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slot_migration_while_held_follows_ask_and_moved() {
+    use tests::cluster::key_slot;
+    tests::init_tracing();
+    let cluster = Cluster::start(3, 0, 2000);
+    // A slot migration is as slow as this test's harness makes it; a
+    // TRYAGAIN is retried for up to one operation timeout.
+    let client = builder()
+        .op_timeout(Duration::from_secs(5))
+        .cluster(cluster.urls())
+        .await
+        .unwrap();
+    let key = unique("migrate");
+    let hash = format!("lock:{{{key}}}");
+    let slot = key_slot(&hash);
+    let reported: i64 = cluster.nodes[0].cmd(&["CLUSTER", "KEYSLOT", &hash]);
+    assert_eq!(slot as i64, reported, "key_slot disagrees with Redis");
+    let lease = Duration::from_millis(1500);
+    let held = client.lock(&key).lease(lease).await.unwrap();
+    let from = cluster.slot_owner(slot);
+    let to = (from + 1) % cluster.nodes.len();
+
+    // Mid-migration, the lock hash already moved: renewals and the source's
+    // ASK take them to the target.
+    cluster.begin_migration(slot, from, to);
+    cluster.migrate_keys(from, to, &[&hash]);
+    tokio::time::sleep(lease * 2).await;
+    assert!(!held.is_lost(), "renewals did not follow ASK");
+
+    // A new lock in the slot needs both its keys on one node: the target
+    // says TRYAGAIN until the migration is through, and the acquire waits.
+    let other = (0..)
+        .map(|i| format!("{key}-ask-{i}"))
+        .find(|k| key_slot(&format!("lock:{{{k}}}")) == slot)
+        .unwrap();
+    let before = cluster.try_again_errors(to);
+    let pending = tokio::spawn({
+        let client = client.clone();
+        async move { client.lock(&other).await }
+    });
+    let limit = Instant::now() + Duration::from_secs(5);
+    while cluster.try_again_errors(to) == before {
+        assert!(
+            Instant::now() < limit,
+            "the acquire never met the migration"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    cluster.finish_migration(slot, from, to);
+    let g = pending
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("acquire waited out the migration: {e:?}"));
+    assert_eq!(g.fence(), 1);
+    g.release().await.unwrap();
+
+    // Migrated: the release follows MOVED to the new owner, and the fence
+    // counter moved with the slot.
+    assert_eq!(cluster.slot_owner(slot), to);
+    let fence = held.fence();
+    held.release()
+        .await
+        .unwrap_or_else(|e| panic!("release after MOVED: {e:?}"));
+    let again = client.lock(&key).await.unwrap();
+    assert_eq!(again.fence(), fence + 1);
+    again.release().await.unwrap();
 }

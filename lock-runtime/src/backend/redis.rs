@@ -21,6 +21,9 @@ use crate::LockError;
 /// Redis while still sending a whole tick in one pipelined round trip.
 const RENEW_CHUNK: usize = 500;
 
+/// Pause between tries while a cluster slot migrates (`TRYAGAIN`).
+const TRY_AGAIN_PAUSE: Duration = Duration::from_millis(20);
+
 /// How a client talks to each Redis server.
 #[derive(Debug, Clone)]
 pub(crate) struct NodeSettings {
@@ -171,6 +174,29 @@ impl RedisNode {
     /// EVALSHA; if Redis lost the script (restart, failover to a replica
     /// that never saw it), EVAL sends it along and caches it there.
     async fn eval<T: FromRedisValue>(
+        &self,
+        script: &Script,
+        keys: &[&str],
+        args: &[&str],
+    ) -> Result<T, LockError> {
+        let deadline = tokio::time::Instant::now() + self.settings.op_timeout;
+        loop {
+            match self.eval_once(script, keys, args).await {
+                // A cluster slot is moving and only some of the script's keys
+                // have arrived: wait for the migration, within the timeout.
+                Err(LockError::Backend(crate::error::BackendError::Redis { source, .. }))
+                    if source.kind()
+                        == redis::ErrorKind::Server(redis::ServerErrorKind::TryAgain)
+                        && tokio::time::Instant::now() + TRY_AGAIN_PAUSE < deadline =>
+                {
+                    tokio::time::sleep(TRY_AGAIN_PAUSE).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn eval_once<T: FromRedisValue>(
         &self,
         script: &Script,
         keys: &[&str],

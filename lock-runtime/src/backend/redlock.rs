@@ -163,17 +163,9 @@ impl Shared {
     /// a lost reply is not a refusal. Each node's connection keeps order, so
     /// the release lands after the acquire even on a slow node.
     async fn undo(&self, name: &LockName, owner: &str) {
-        let all: Vec<usize> = (0..self.slots.len()).collect();
-        self.release_on(name, owner, &all).await;
-    }
-
-    async fn release_on(&self, name: &LockName, owner: &str, only: &[usize]) {
-        join_all(only.iter().map(|&i| {
-            let slot = &self.slots[i];
-            async move {
-                let fut = async { slot.node().await?.release(name, owner).await };
-                let _ = tokio::time::timeout(self.op_timeout, fut).await;
-            }
+        join_all(self.slots.iter().map(|slot| async move {
+            let fut = async { slot.node().await?.release(name, owner).await };
+            let _ = tokio::time::timeout(self.op_timeout, fut).await;
         }))
         .await;
     }
@@ -205,14 +197,13 @@ impl Shared {
                 Err(_) => {}
             }
         }
-        let granted: Vec<usize> = fresh.iter().chain(&reentered).map(|g| g.0).collect();
         let key = &name.key;
 
         if !reentered.is_empty() {
-            // Only nodes that granted may be touched: elsewhere a release
-            // would eat into the outer hold this reentry builds on.
             if reentered.len() < self.quorum {
-                self.release_on(name, owner, &granted).await;
+                // Undone everywhere: a node that did not answer in time
+                // runs the release after the reentry it has queued.
+                self.undo(name, owner).await;
                 tracing::warn!(key = %key, held_on = reentered.len(), nodes = n, "Redlock reentry: the outer hold is no longer on a majority");
                 return Err(LockError::Lost {
                     key: key.to_string(),
