@@ -21,7 +21,8 @@ use crate::LockError;
 /// Redis while still sending a whole tick in one pipelined round trip.
 const RENEW_CHUNK: usize = 500;
 
-/// Pause between tries while a cluster slot migrates (`TRYAGAIN`).
+/// Pause between tries while a cluster slot migrates (`TRYAGAIN`) or the
+/// cluster fails over (`CLUSTERDOWN`).
 const TRY_AGAIN_PAUSE: Duration = Duration::from_millis(20);
 
 /// How a client talks to each Redis server.
@@ -183,11 +184,16 @@ impl RedisNode {
         loop {
             match self.eval_once(script, keys, args).await {
                 // A cluster slot is moving and only some of the script's keys
-                // have arrived: wait for the migration, within the timeout.
+                // have arrived, or the cluster is between a primary's death
+                // and its replica's promotion: the script did not run, so
+                // try again within the timeout.
                 Err(LockError::Backend(crate::error::BackendError::Redis { source, .. }))
-                    if source.kind()
-                        == redis::ErrorKind::Server(redis::ServerErrorKind::TryAgain)
-                        && tokio::time::Instant::now() + TRY_AGAIN_PAUSE < deadline =>
+                    if matches!(
+                        source.kind(),
+                        redis::ErrorKind::Server(
+                            redis::ServerErrorKind::TryAgain | redis::ServerErrorKind::ClusterDown
+                        )
+                    ) && tokio::time::Instant::now() + TRY_AGAIN_PAUSE < deadline =>
                 {
                     tokio::time::sleep(TRY_AGAIN_PAUSE).await;
                 }
