@@ -11,6 +11,8 @@
 //! Every result is reported next to a baseline measured in the same run:
 //! the machine is shared and noisy, absolute numbers mean little.
 
+#[path = "locks/deployments.rs"]
+mod deployments;
 #[path = "locks/handoff.rs"]
 mod handoff;
 #[path = "locks/latency.rs"]
@@ -147,6 +149,10 @@ fn main() {
     if ctx.wants(6) {
         step("case 6: watchdog scale");
         watchdog::run(&ctx, &mut report);
+    }
+    if ctx.wants(7) {
+        step("case 7: acquire latency by deployment");
+        deployments::run(&ctx, &mut report);
     }
     step("done");
 
