@@ -64,6 +64,27 @@ pub(crate) struct RedlockBackend {
     subscriber: AnySubscriber,
 }
 
+/// What the nodes' answers prove about a majority.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    /// A majority confirmed.
+    Majority,
+    /// So many nodes denied that no majority can confirm.
+    Impossible,
+    /// Too many nodes did not answer to tell.
+    Unknown,
+}
+
+fn verdict(n: usize, quorum: usize, confirmed: usize, denied: usize) -> Verdict {
+    if confirmed >= quorum {
+        Verdict::Majority
+    } else if n - denied < quorum {
+        Verdict::Impossible
+    } else {
+        Verdict::Unknown
+    }
+}
+
 /// Clock drift allowed between the nodes: 1% of the lease plus 2 ms.
 fn drift(lease: Duration) -> Duration {
     lease / 100 + Duration::from_millis(2)
@@ -294,16 +315,12 @@ impl Shared {
             count(Released::NotOwner),
         );
         let n = self.slots.len();
-        if freed + still >= self.quorum {
-            return Ok(if still > freed {
-                Released::StillHeld
-            } else {
-                Released::Freed
-            });
-        }
-        if n - not_owner < self.quorum {
+        match verdict(n, self.quorum, freed + still, not_owner) {
+            Verdict::Majority if still > freed => return Ok(Released::StillHeld),
+            Verdict::Majority => return Ok(Released::Freed),
             // Too few nodes could still have it: not held by a majority.
-            return Ok(Released::NotOwner);
+            Verdict::Impossible => return Ok(Released::NotOwner),
+            Verdict::Unknown => {}
         }
         Err(LockError::other(format!(
             "Redlock: releasing lock `{}`: confirmed by {} of {n} nodes, {} needed: {}",
@@ -335,17 +352,15 @@ impl Shared {
                         Err(e) => why.push(format!("{}: {e}", slot.url)),
                     }
                 }
-                if yes >= self.quorum {
-                    Renewed::Yes
-                } else if n - not_owner < self.quorum {
-                    Renewed::NotOwner
-                } else {
-                    Renewed::Failed(LockError::other(format!(
+                match verdict(n, self.quorum, yes, not_owner) {
+                    Verdict::Majority => Renewed::Yes,
+                    Verdict::Impossible => Renewed::NotOwner,
+                    Verdict::Unknown => Renewed::Failed(LockError::other(format!(
                         "Redlock: renewing lock `{}`: renewed on {yes} of {n} nodes, {} needed: {}",
                         batch[i].name.key,
                         self.quorum,
                         why.join("; ")
-                    )))
+                    ))),
                 }
             })
             .collect()
@@ -389,6 +404,21 @@ impl Backend for RedlockBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_majority_confirms_and_a_blocking_minority_denies() {
+        // Five nodes, three needed.
+        assert_eq!(verdict(5, 3, 3, 2), Verdict::Majority);
+        assert_eq!(verdict(5, 3, 3, 0), Verdict::Majority);
+        assert_eq!(verdict(5, 3, 2, 3), Verdict::Impossible);
+        // Two confirmed, one denied, two silent: they may have it.
+        assert_eq!(verdict(5, 3, 2, 1), Verdict::Unknown);
+        assert_eq!(verdict(5, 3, 0, 2), Verdict::Unknown);
+        // One node: it alone decides.
+        assert_eq!(verdict(1, 1, 1, 0), Verdict::Majority);
+        assert_eq!(verdict(1, 1, 0, 1), Verdict::Impossible);
+        assert_eq!(verdict(1, 1, 0, 0), Verdict::Unknown);
+    }
 
     #[test]
     fn drift_is_one_percent_plus_two_ms() {
