@@ -39,8 +39,7 @@ pub fn run(ctx: &Ctx, report: &mut Report) {
     let urls: Vec<String> = masters.iter().map(RedisServer::url).collect();
 
     let mut contenders: Vec<Contender> = Vec::new();
-    let mut add = |name, setup, client: Result<LockClient, lock_runtime::LockError>| match client
-    {
+    let mut add = |name, setup, client: Result<LockClient, lock_runtime::LockError>| match client {
         Ok(client) => contenders.push(Contender {
             name,
             setup,
@@ -55,7 +54,11 @@ pub fn run(ctx: &Ctx, report: &mut Report) {
         "1 server",
         rt.block_on(LockClient::connect(&single.url())),
     );
-    add("in-memory (`memory`)", "this process", Ok(LockClient::memory()));
+    add(
+        "in-memory (`memory`)",
+        "this process",
+        Ok(LockClient::memory()),
+    );
     add(
         "Sentinel (`sentinel`)",
         "primary + 1 replica, 3 sentinels",
