@@ -958,6 +958,96 @@ fn redis_restart_while_held_renews_or_reports_lost() {
     println!("\n== Redis restart while held ==\n{}", rows.join("\n"));
 }
 
+/// Redlock acquires that reach only a minority fail, and leave nothing
+/// behind on any of the five nodes: the granting minority is undone at once,
+/// and the undo queued behind the acquire on a stalled node runs when that
+/// node wakes up. Also when the stalled nodes are a different minority each
+/// time and the failures come from many tasks at once.
+#[test]
+fn redlock_minority_failed_acquires_leave_no_keys() {
+    let _serial = serial();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let nodes: Vec<RedisServer> = (0..5).map(|_| RedisServer::start()).collect();
+    let urls: Vec<String> = nodes.iter().map(RedisServer::url).collect();
+    let lease = Duration::from_secs(30);
+    let client = rt
+        .block_on(
+            LockClient::builder()
+                .lease(lease)
+                .op_timeout(Duration::from_millis(200))
+                .redlock(&urls),
+        )
+        .unwrap();
+    let (mut failed, mut granted, mut rounds) = (0u64, 0u64, 0u64);
+    let keys_on = |n: &RedisServer| -> Vec<String> {
+        n.keys("lock:*")
+            .into_iter()
+            .filter(|k| !k.ends_with(":fence"))
+            .collect()
+    };
+    for round in 0..6 {
+        // Stall a majority (three of five, a different three each round):
+        // the two live nodes grant, which is not enough.
+        let stalled: Vec<usize> = (0..3).map(|i| (round + i * 2) % 5).collect();
+        for &i in &stalled {
+            nodes[i].pause();
+        }
+        let outcomes = rt.block_on(async {
+            let tasks: Vec<_> = (0..20)
+                .map(|t| {
+                    let c = client.clone();
+                    let key = unique(&format!("minority{round}-{t}"));
+                    tokio::spawn(async move { c.lock(key).await })
+                })
+                .collect();
+            let mut out = Vec::new();
+            for t in tasks {
+                out.push(t.await.unwrap());
+            }
+            out
+        });
+        for o in outcomes {
+            match o {
+                Err(LockError::Backend(_)) => failed += 1,
+                Err(e) => panic!("round {round}: expected a Backend error, got {e:?}"),
+                Ok(g) => {
+                    granted += 1;
+                    drop(g);
+                }
+            }
+        }
+        for (i, n) in nodes.iter().enumerate() {
+            if !stalled.contains(&i) {
+                let left = keys_on(n);
+                assert!(
+                    left.is_empty(),
+                    "round {round}: live node {i} kept {left:?}"
+                );
+            }
+        }
+        for &i in &stalled {
+            nodes[i].resume();
+        }
+        rounds += 1;
+    }
+    assert_eq!(granted, 0, "a lock was granted by a minority");
+    // The stalled nodes ran the acquire and then its undo when they woke.
+    let clean = rt.block_on(eventually(Duration::from_secs(5), || {
+        nodes.iter().all(|n| keys_on(n).is_empty())
+    }));
+    let left: Vec<(usize, Vec<String>)> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (i, keys_on(n)))
+        .filter(|(_, k)| !k.is_empty())
+        .collect();
+    assert!(clean, "keys left after the stalled nodes woke: {left:?}");
+    println!(
+        "\n== Redlock minority ==\n  {:<38} {failed} failed ({rounds} rounds, 3 of 5 nodes stalled each), 0 granted, 0 keys left on any node",
+        "acquires with only a minority up"
+    );
+}
+
 /// Failed acquires leave nothing behind: wait time-outs, and attempts whose
 /// reply never came (black hole, drop) or came too late (delay).
 #[test]
