@@ -1,0 +1,98 @@
+//! Round trips per operation, counted by Redis itself (`INFO commandstats`):
+//! lock, reentry, inner and outer release, a renewal tick, an idle client.
+//! Its own binary: nothing else may talk to this server while it counts.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use lock_runtime::{distributed_lock, LockError};
+use tests::RedisServer;
+
+static SEEN: AtomicU64 = AtomicU64::new(0);
+
+/// Calls sent since the last reset: client commands only (`evalsha` and
+/// `eval`); the commands the scripts run inside Redis are not round trips.
+fn sent(server: &RedisServer) -> u64 {
+    server.calls("evalsha") + server.calls("eval")
+}
+
+#[distributed_lock(key = "rt:{id}", lease = "30s")]
+async fn outer(server: &RedisServer, id: u64) -> Result<Vec<(String, u64)>, LockError> {
+    let mut rows = vec![("lock (fresh)".to_owned(), sent(server))];
+    server.reset_stats();
+    inner(server, id).await?;
+    rows.push(("reentry + its release".to_owned(), sent(server)));
+    server.reset_stats();
+    Ok(rows)
+}
+
+#[distributed_lock(key = "rt:{id}")]
+async fn inner(server: &RedisServer, id: u64) -> Result<(), LockError> {
+    SEEN.store(lock_runtime::current_fence().unwrap_or(0), Ordering::SeqCst);
+    let _ = server;
+    Ok(())
+}
+
+#[tokio::test]
+async fn round_trips_per_operation_counted_by_redis() {
+    let server = tests::global::redis().await;
+    server.reset_stats();
+    let mut rows = outer(server, 7).await.unwrap();
+    rows.push(("release (outermost)".to_owned(), sent(server)));
+    assert!(
+        SEEN.load(Ordering::SeqCst) > 0,
+        "the inner body saw no fence"
+    );
+
+    // A renewal tick: 300 held locks, lease 900 ms (a tick every 300 ms).
+    let client = lock_runtime::client().unwrap();
+    let mut guards = Vec::new();
+    for i in 0..300 {
+        guards.push(
+            client
+                .lock(format!("rt:many:{i}"))
+                .lease(Duration::from_millis(900))
+                .await
+                .unwrap(),
+        );
+    }
+    // Start counting between two ticks.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    server.reset_stats();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let ticks_window = sent(server);
+    let renewed = server.calls("pexpire");
+    for g in guards {
+        g.release().await.unwrap();
+    }
+    server.reset_stats();
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let idle = sent(server);
+
+    println!("\n== round trips per operation (INFO commandstats) ==");
+    for (what, n) in &rows {
+        println!("  {what:<38} {n}");
+    }
+    println!(
+        "  {:<38} {ticks_window} calls for {renewed} renewals in 1.5 s (~5 ticks of 300 locks)",
+        "renewal ticks"
+    );
+    println!("  {:<38} {idle}", "idle client, 1 s");
+
+    assert_eq!(rows[0].1, 1, "a fresh lock is one EVALSHA");
+    assert_eq!(
+        rows[1].1, 2,
+        "a reentry is one EVALSHA, its release one more"
+    );
+    assert_eq!(rows[2].1, 1, "the outermost release is one EVALSHA");
+    // 300 locks fit one renew call: one call per tick, about five ticks.
+    assert!(
+        (3..=7).contains(&ticks_window),
+        "{ticks_window} renew calls in 1.5 s for 300 locks"
+    );
+    assert!(
+        renewed >= 2 * 300,
+        "only {renewed} renewals of 300 locks in 1.5 s"
+    );
+    assert_eq!(idle, 0, "an idle client sent lock commands");
+}
