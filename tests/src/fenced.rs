@@ -31,8 +31,8 @@ use redis::aio::ConnectionManager;
 
 /// The check and the write in one atomic step.
 ///
-/// KEYS[1]: the stored record, a hash `{fence, value}`.
-/// ARGV[1]: the writer's fencing token; ARGV[2]: the value.
+/// `KEYS[1]`: the stored record, a hash `{fence, value}`.
+/// `ARGV[1]`: the writer's fencing token; `ARGV[2]`: the value.
 /// Returns `{1, token}` accepted, `{0, highest}` rejected.
 ///
 /// A token equal to the highest is accepted: the same holder may write
