@@ -3,7 +3,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::cluster::ClusterBackend;
+use crate::backend::cluster;
 use crate::backend::memory::MemoryBackend;
 use crate::backend::redis::{NodeSettings, RedisBackend};
 use crate::backend::redlock::RedlockBackend;
@@ -257,7 +257,7 @@ impl LockClient {
         let io = Io::start()?;
         let (settings, handle) = (config.node_settings(), io.handle().clone());
         let backend = io
-            .run(async move { ClusterBackend::connect(urls, settings, handle).await })
+            .run(async move { cluster::connect(urls, settings, handle).await })
             .await?;
         Ok(Self::from_parts(config, Arc::new(backend), io))
     }

@@ -13,60 +13,35 @@
 //! failover time) finds the lock missing and reports it lost.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::runtime::Handle;
 
-use super::redis::{NodeSettings, RedisNode};
+use super::redis::{NodeSettings, RedisBackend, RedisNode, Releases};
 use super::subscribers::AnySubscriber;
-use super::{Acquired, Backend, BoxFuture, Released, Renewal, Renewed};
-use crate::key::LockName;
+use super::BoxFuture;
 use crate::wakeups::Waiter;
 use crate::LockError;
 
-pub(crate) struct ClusterBackend {
-    node: RedisNode,
-    subscriber: AnySubscriber,
+/// A cluster is driven like one server: the cluster connection routes each
+/// script by its key.
+pub(crate) type ClusterBackend = RedisBackend<AnySubscriber>;
+
+pub(crate) async fn connect(
+    urls: Vec<String>,
+    settings: NodeSettings,
+    io: Handle,
+) -> Result<ClusterBackend, LockError> {
+    let subscriber = AnySubscriber::new(&urls, settings.clone(), io, settings.op_timeout)?;
+    let node = RedisNode::cluster(&urls, settings).await?;
+    Ok(RedisBackend { node, subscriber })
 }
 
-impl ClusterBackend {
-    pub(crate) async fn connect(
-        urls: Vec<String>,
-        settings: NodeSettings,
-        io: Handle,
-    ) -> Result<Self, LockError> {
-        let subscriber = AnySubscriber::new(&urls, settings.clone(), io, settings.op_timeout)?;
-        let node = RedisNode::cluster(&urls, settings).await?;
-        Ok(ClusterBackend { node, subscriber })
-    }
-}
-
-impl Backend for ClusterBackend {
-    fn acquire(
-        &self,
-        name: &LockName,
-        owner: &Arc<str>,
-        lease: Duration,
-    ) -> BoxFuture<Result<Acquired, LockError>> {
-        let (node, name, owner) = (self.node.clone(), name.clone(), owner.clone());
-        Box::pin(async move { node.acquire(&name, &owner, lease).await })
+impl Releases for AnySubscriber {
+    fn subscribe(&self, channel: &Arc<str>) -> BoxFuture<Result<Waiter, LockError>> {
+        AnySubscriber::subscribe(self, channel)
     }
 
-    fn release(&self, name: &LockName, owner: &Arc<str>) -> BoxFuture<Result<Released, LockError>> {
-        let (node, name, owner) = (self.node.clone(), name.clone(), owner.clone());
-        Box::pin(async move { node.release(&name, &owner).await })
-    }
-
-    fn renew(&self, batch: Vec<Renewal>) -> BoxFuture<Vec<Renewed>> {
-        let node = self.node.clone();
-        Box::pin(async move { node.renew(&batch).await })
-    }
-
-    fn subscribe(&self, name: &LockName) -> BoxFuture<Result<Waiter, LockError>> {
-        self.subscriber.subscribe(&name.channel)
-    }
-
-    fn waiting(&self, name: &LockName) -> usize {
-        self.subscriber.waiting(&name.channel)
+    fn waiting(&self, channel: &str) -> usize {
+        AnySubscriber::waiting(self, channel)
     }
 }

@@ -508,9 +508,26 @@ impl SubInner {
 }
 
 /// A single Redis server.
-pub(crate) struct RedisBackend {
-    node: RedisNode,
-    subscriber: Subscriber,
+pub(crate) struct RedisBackend<S = Subscriber> {
+    pub(crate) node: RedisNode,
+    pub(crate) subscriber: S,
+}
+
+/// Where a node backend hears of releases: one server's channel, or any
+/// node of a cluster.
+pub(crate) trait Releases: Send + Sync + 'static {
+    fn subscribe(&self, channel: &Arc<str>) -> BoxFuture<Result<Waiter, LockError>>;
+    fn waiting(&self, channel: &str) -> usize;
+}
+
+impl Releases for Subscriber {
+    fn subscribe(&self, channel: &Arc<str>) -> BoxFuture<Result<Waiter, LockError>> {
+        Subscriber::subscribe(self, channel)
+    }
+
+    fn waiting(&self, channel: &str) -> usize {
+        Subscriber::waiting(self, channel)
+    }
 }
 
 impl RedisBackend {
@@ -525,7 +542,7 @@ impl RedisBackend {
     }
 }
 
-impl Backend for RedisBackend {
+impl<S: Releases> Backend for RedisBackend<S> {
     fn acquire(
         &self,
         name: &LockName,
