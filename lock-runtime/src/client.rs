@@ -1,6 +1,8 @@
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::runtime::Handle;
 use tokio::time::Instant;
 
 use crate::backend::cluster;
@@ -224,42 +226,53 @@ impl LockClient {
         Self::from_parts(config, Arc::new(MemoryBackend::new()), io)
     }
 
-    pub(crate) async fn connect_with(config: Config, url: &str) -> Result<LockClient, LockError> {
+    /// Start the client's I/O thread and connect its backend there, so the
+    /// backend's connections live on the runtime that drives them.
+    async fn start<B, Fut>(
+        config: Config,
+        connect: impl FnOnce(&Config, NodeSettings, Handle) -> Fut,
+    ) -> Result<LockClient, LockError>
+    where
+        B: Backend,
+        Fut: Future<Output = Result<B, LockError>> + Send + 'static,
+    {
         let io = Io::start()?;
-        let (settings, handle, url2) =
-            (config.node_settings(), io.handle().clone(), url.to_owned());
         let backend = io
-            .run(async move { RedisBackend::connect(&url2, settings, handle).await })
+            .run(connect(
+                &config,
+                config.node_settings(),
+                io.handle().clone(),
+            ))
             .await?;
         Ok(Self::from_parts(config, Arc::new(backend), io))
+    }
+
+    pub(crate) async fn connect_with(config: Config, url: &str) -> Result<LockClient, LockError> {
+        let url = url.to_owned();
+        Self::start(config, |_, settings, io| async move {
+            RedisBackend::connect(&url, settings, io).await
+        })
+        .await
     }
 
     pub(crate) async fn redlock_with(
         config: Config,
         urls: Vec<String>,
     ) -> Result<LockClient, LockError> {
-        let io = Io::start()?;
-        let (settings, handle, jitter) = (
-            config.node_settings(),
-            io.handle().clone(),
-            config.retry_jitter,
-        );
-        let backend = io
-            .run(async move { RedlockBackend::connect(urls, settings, handle, jitter).await })
-            .await?;
-        Ok(Self::from_parts(config, Arc::new(backend), io))
+        Self::start(config, |config, settings, io| {
+            RedlockBackend::connect(urls, settings, io, config.retry_jitter)
+        })
+        .await
     }
 
     pub(crate) async fn cluster_with(
         config: Config,
         urls: Vec<String>,
     ) -> Result<LockClient, LockError> {
-        let io = Io::start()?;
-        let (settings, handle) = (config.node_settings(), io.handle().clone());
-        let backend = io
-            .run(async move { cluster::connect(urls, settings, handle).await })
-            .await?;
-        Ok(Self::from_parts(config, Arc::new(backend), io))
+        Self::start(config, |_, settings, io| {
+            cluster::connect(urls, settings, io)
+        })
+        .await
     }
 
     pub(crate) async fn sentinel_with(
@@ -267,18 +280,10 @@ impl LockClient {
         urls: Vec<String>,
         master: String,
     ) -> Result<LockClient, LockError> {
-        let io = Io::start()?;
-        let (settings, handle, acks) = (
-            config.node_settings(),
-            io.handle().clone(),
-            config.replica_acks,
-        );
-        let backend = io
-            .run(
-                async move { SentinelBackend::connect(urls, master, settings, acks, handle).await },
-            )
-            .await?;
-        Ok(Self::from_parts(config, Arc::new(backend), io))
+        Self::start(config, |config, settings, io| {
+            SentinelBackend::connect(urls, master, settings, config.replica_acks, io)
+        })
+        .await
     }
 
     /// One acquire attempt, run on the I/O thread so that it finishes even if
