@@ -10,8 +10,8 @@ use crate::backend::memory::MemoryBackend;
 use crate::backend::redis::{NodeSettings, RedisBackend};
 use crate::backend::redlock::RedlockBackend;
 use crate::backend::sentinel::SentinelBackend;
-use crate::backend::{Acquired, Backend, Renewal};
-use crate::guard::LockGuard;
+use crate::backend::{Acquired, Backend, Released, Renewal};
+use crate::guard::{Hold, LockGuard};
 use crate::io::Io;
 use crate::key::LockName;
 use crate::request::LockRequest;
@@ -289,11 +289,16 @@ impl LockClient {
     /// One acquire attempt, run on the I/O thread so that it finishes even if
     /// the caller is dropped: a lock granted to a caller that went away is
     /// handed to a guard nobody holds, whose drop releases it at once.
+    ///
+    /// `since`: when an earlier attempt of this acquisition whose outcome is
+    /// unknown was sent. A grant that turns out to be that one's counts its
+    /// lease from then.
     pub(crate) async fn attempt(
         &self,
         name: &LockName,
         owner: &Arc<str>,
         lease: Duration,
+        since: Option<Instant>,
         scope: Option<Arc<Scope>>,
     ) -> Result<Attempt, LockError> {
         let client = self.clone();
@@ -303,64 +308,87 @@ impl LockClient {
             let sent_at = Instant::now();
             let inner = &client.inner;
             let out = match inner.backend.acquire(&name, &owner, lease).await {
-                // The lease counts from the send: a grant that comes back
-                // after it ran out may already be someone else's lock.
-                Ok(Acquired::Fresh { .. })
-                    if sent_at.elapsed() + inner.backend.drift(lease) >= lease =>
-                {
-                    let err = LockError::timed_out(
-                        format!(
-                            "acquiring lock `{}`: the grant came back after its lease had run out",
-                            name.key
-                        ),
-                        lease,
-                    );
-                    let backend = inner.backend.clone();
-                    let (name, owner) = (name.clone(), owner.clone());
-                    inner.io.spawn(async move {
-                        let _ = backend.release(&name, &owner).await;
-                    });
-                    Err(err)
-                }
-                Ok(Acquired::Fresh { fence }) | Ok(Acquired::Reentered { fence }) => {
-                    let held = inner.watchdog.hold(
-                        &inner.io,
-                        &inner.backend,
-                        Renewal {
-                            name: name.clone(),
-                            owner: owner.clone(),
-                            lease,
-                        },
-                        sent_at,
-                    );
-                    Ok(Attempt::Held(LockGuard::new(
-                        client.clone(),
-                        name,
-                        owner,
-                        fence,
-                        held,
-                        scope,
-                    )))
-                }
                 Ok(Acquired::Busy { ttl }) => Ok(Attempt::Busy(ttl)),
-                Err(e) => {
-                    // No answer does not mean not granted. A holder that
-                    // does not already hold this key can safely take back
-                    // whatever the attempt may have done.
-                    if !scope.is_some_and(|s| s.holds(&name.hash)) {
-                        let backend = inner.backend.clone();
-                        inner.io.spawn(async move {
-                            let _ = backend.release(&name, &owner).await;
-                        });
-                    }
-                    Err(e)
+                Ok(Acquired::Fresh { fence }) => {
+                    client.granted(name, owner, lease, fence, sent_at, scope)
                 }
+                // An earlier send of this acquisition ran: its grant counts
+                // from then.
+                Ok(Acquired::Repeated { fence }) => {
+                    let at = since.unwrap_or(sent_at);
+                    client.granted(name, owner, lease, fence, at, scope)
+                }
+                Err(e) => Err(e),
             };
             // If the caller is gone, `out` (and any guard in it) drops here.
             let _ = tx.send(out);
         });
-        rx.await
-            .unwrap_or_else(|_| Err(LockError::other("the lock client was shut down")))
+        rx.await.unwrap_or_else(|_| Err(LockError::shutdown()))
+    }
+
+    /// Turn a grant into a guard, unless it came back too late to be one.
+    fn granted(
+        &self,
+        name: LockName,
+        owner: Arc<str>,
+        lease: Duration,
+        fence: u64,
+        granted_at: Instant,
+        scope: Option<Arc<Scope>>,
+    ) -> Result<Attempt, LockError> {
+        let inner = &self.inner;
+        // The lease counts from the send: a grant that comes back after it
+        // ran out may already be someone else's lock.
+        if granted_at.elapsed() + inner.backend.drift(lease) >= lease {
+            let err = LockError::timed_out(
+                format!(
+                    "acquiring lock `{}`: the grant came back after its lease had run out",
+                    name.key
+                ),
+                lease,
+            );
+            self.release_in_background(name, owner);
+            return Err(err);
+        }
+        let held = inner.watchdog.hold(
+            &inner.io,
+            &inner.backend,
+            Renewal {
+                name: name.clone(),
+                owner: owner.clone(),
+                lease,
+            },
+            granted_at,
+        );
+        let hold = Hold {
+            client: self.clone(),
+            name,
+            owner,
+            fence,
+            held,
+        };
+        Ok(Attempt::Held(LockGuard::fresh(hold, scope)))
+    }
+
+    /// Release `owner`'s lock on the I/O thread. The task keeps the client
+    /// (and so its I/O thread) alive until the release is through, also
+    /// when the last handle to the client is dropped meanwhile.
+    pub(crate) fn release_in_background(&self, name: LockName, owner: Arc<str>) {
+        let client = self.clone();
+        self.inner.io.spawn(async move {
+            match client.inner.backend.release(&name, &owner).await {
+                Ok(Released::NotOwner) => {
+                    tracing::debug!(key = %name.key, "background release: the lock was no longer ours")
+                }
+                Ok(Released::Freed) => {
+                    tracing::debug!(key = %name.key, "lock released in the background")
+                }
+                Err(e) => {
+                    tracing::warn!(key = %name.key, error = %e, "background release failed; the lock expires with its lease")
+                }
+            }
+            drop(client);
+        });
     }
 
     pub(crate) async fn subscribe(&self, name: &LockName) -> Result<Waiter, LockError> {

@@ -74,6 +74,9 @@ pub enum BackendError {
     /// Anything else, described.
     #[error("{0}")]
     Other(String),
+    /// The client's I/O thread has stopped.
+    #[error("the lock client was shut down")]
+    Shutdown,
 }
 
 impl LockError {
@@ -94,4 +97,39 @@ impl LockError {
     pub(crate) fn other(message: impl Into<String>) -> Self {
         LockError::Backend(BackendError::Other(message.into()))
     }
+
+    pub(crate) fn shutdown() -> Self {
+        LockError::Backend(BackendError::Shutdown)
+    }
+
+    /// Whether trying again may succeed: no answer, a broken connection, or
+    /// a failover or slot move in progress. A script error or a bad key is
+    /// the same on every try.
+    pub(crate) fn is_transient(&self) -> bool {
+        match self {
+            LockError::Backend(BackendError::Redis { source, .. }) => transient(source),
+            LockError::Backend(BackendError::Timeout { .. } | BackendError::Other(_)) => true,
+            _ => false,
+        }
+    }
+}
+
+/// The connection broke under the command: it may or may not have run.
+pub(crate) fn connection_broke(e: &redis::RedisError) -> bool {
+    e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal()
+}
+
+/// A Redis error that a later try may not see.
+pub(crate) fn transient(e: &redis::RedisError) -> bool {
+    use redis::{ErrorKind, ServerErrorKind};
+    connection_broke(e)
+        || e.is_timeout()
+        || matches!(
+            e.kind(),
+            ErrorKind::Server(ServerErrorKind::TryAgain | ServerErrorKind::ClusterDown)
+        )
+        || matches!(
+            e.code(),
+            Some("TRYAGAIN" | "CLUSTERDOWN" | "LOADING" | "MASTERDOWN" | "READONLY" | "BUSY")
+        )
 }

@@ -1,4 +1,3 @@
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::backend::Released;
@@ -7,84 +6,103 @@ use crate::scope::Scope;
 use crate::watchdog::Held;
 use crate::{LockClient, LockError};
 
-static NEXT_GUARD: AtomicU64 = AtomicU64::new(1);
+/// One acquisition from Redis, shared by the guards that re-enter it.
+pub(crate) struct Hold {
+    pub(crate) client: LockClient,
+    pub(crate) name: LockName,
+    /// Unique to this acquisition: Redis knows the lock by it.
+    pub(crate) owner: Arc<str>,
+    pub(crate) fence: u64,
+    pub(crate) held: Held,
+}
+
+impl Hold {
+    pub(crate) fn is_lost(&self) -> bool {
+        self.held.is_lost()
+    }
+}
 
 /// A held lock. The watchdog keeps it alive until it is released.
 ///
 /// [`release`](LockGuard::release) it to learn whether it was held to the
-/// end; dropping it releases in the background.
+/// end; dropping it releases in the background. Guards that re-entered a
+/// lock share its one acquisition: only the last one out releases it.
 #[must_use = "dropping the guard releases the lock at once"]
 pub struct LockGuard {
-    client: LockClient,
-    name: LockName,
-    owner: Arc<str>,
-    fence: u64,
-    held: Held,
-    scope: Option<(Arc<Scope>, u64)>,
+    hold: Arc<Hold>,
+    scope: Option<Arc<Scope>>,
     done: bool,
 }
 
 impl LockGuard {
-    pub(crate) fn new(
-        client: LockClient,
-        name: LockName,
-        owner: Arc<str>,
-        fence: u64,
-        held: Held,
-        scope: Option<Arc<Scope>>,
-    ) -> Self {
-        let scope = scope.map(|s| {
-            let id = NEXT_GUARD.fetch_add(1, Ordering::Relaxed);
-            s.push(id, name.hash.clone(), fence);
-            (s, id)
-        });
+    /// The first guard of a fresh acquisition; it joins `scope` so that
+    /// nested calls there re-enter it.
+    pub(crate) fn fresh(hold: Hold, scope: Option<Arc<Scope>>) -> Self {
+        let hold = Arc::new(hold);
+        if let Some(s) = &scope {
+            s.insert(&hold.client.inner.id, &hold);
+        }
         LockGuard {
-            client,
-            name,
-            owner,
-            fence,
-            held,
+            hold,
             scope,
+            done: false,
+        }
+    }
+
+    /// Another guard of a hold its scope already counted.
+    pub(crate) fn reentered(hold: Arc<Hold>, scope: Arc<Scope>) -> Self {
+        LockGuard {
+            hold,
+            scope: Some(scope),
             done: false,
         }
     }
 
     /// The fencing token: strictly increasing per key across all clients.
     /// Send it with every write to the protected resource and have the
-    /// resource reject tokens lower than the highest it has seen.
+    /// resource reject tokens lower than the highest it has seen. A reentry
+    /// has the token of the acquisition it re-entered.
     pub fn fence(&self) -> u64 {
-        self.fence
+        self.hold.fence
     }
 
     /// The key as the user gave it.
     pub fn key(&self) -> &str {
-        &self.name.key
+        &self.hold.name.key
     }
 
-    /// The holder id written into the lock hash.
+    /// The owner id written into the lock in Redis.
     pub fn holder(&self) -> &str {
-        &self.owner
+        &self.hold.owner
     }
 
     /// Whether the watchdog found the lock lost.
     pub fn is_lost(&self) -> bool {
-        self.held.is_lost()
+        self.hold.is_lost()
     }
 
     /// Resolves when the lock is lost (never, if it is released first).
     /// Race work against it to stop as soon as exclusivity is gone.
     pub fn lost(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
-        self.held.lost()
+        self.hold.held.lost()
     }
 
     /// Release and report whether the lock was still ours:
-    /// `Err(Lost)` if it expired or was deleted while held.
+    /// `Err(Lost)` if it expired or was deleted while held. A guard that
+    /// re-entered a lock still held by an outer guard sends nothing.
     pub async fn release(mut self) -> Result<(), LockError> {
         self.done = true;
-        let was_lost = self.leave();
-        let backend = self.client.inner.backend.clone();
-        let (name, owner) = (self.name.clone(), self.owner.clone());
-        let out = self
+        let Some(was_lost) = self.leave() else {
+            return if self.hold.is_lost() {
+                Err(self.lost_error())
+            } else {
+                Ok(())
+            };
+        };
+        let hold = &self.hold;
+        let backend = hold.client.inner.backend.clone();
+        let (name, owner) = (hold.name.clone(), hold.owner.clone());
+        let out = hold
             .client
             .inner
             .io
@@ -93,8 +111,8 @@ impl LockGuard {
         match out {
             Ok(Released::NotOwner) => Err(self.lost_error()),
             Ok(_) if was_lost => Err(self.lost_error()),
-            Ok(r) => {
-                tracing::debug!(key = %self.name.key, freed = (r == Released::Freed), "lock released");
+            Ok(Released::Freed) => {
+                tracing::debug!(key = %hold.name.key, "lock released");
                 Ok(())
             }
             Err(e) => Err(e),
@@ -103,17 +121,22 @@ impl LockGuard {
 
     fn lost_error(&self) -> LockError {
         LockError::Lost {
-            key: self.name.key.to_string(),
+            key: self.hold.name.key.to_string(),
         }
     }
 
-    /// Stop renewing (the last hold) and leave the scope; says whether the
-    /// watchdog had found the lock lost.
-    fn leave(&mut self) -> bool {
-        if let Some((scope, id)) = self.scope.take() {
-            scope.pop(id);
+    /// End this guard. If it was the last of its acquisition, renewals stop
+    /// (before the caller sends the release, so none is issued after it)
+    /// and this says whether the watchdog had found the lock lost; `None`
+    /// while other guards still hold it.
+    fn leave(&mut self) -> Option<bool> {
+        let hold = &self.hold;
+        if let Some(scope) = &self.scope {
+            if !scope.leave(&hold.client.inner.id, hold) {
+                return None;
+            }
         }
-        self.client.inner.watchdog.leave(&self.held).was_lost
+        Some(hold.client.inner.watchdog.leave(&hold.held).was_lost)
     }
 }
 
@@ -122,28 +145,20 @@ impl Drop for LockGuard {
         if self.done {
             return;
         }
-        self.leave();
-        let backend = self.client.inner.backend.clone();
-        let (name, owner) = (self.name.clone(), self.owner.clone());
-        // Keep the client alive until the release is through.
-        let client = self.client.clone();
-        self.client.inner.io.spawn(async move {
-            match backend.release(&name, &owner).await {
-                Ok(Released::NotOwner) => tracing::debug!(key = %name.key, "lock dropped after it was lost"),
-                Ok(_) => tracing::debug!(key = %name.key, "lock released in the background"),
-                Err(e) => tracing::warn!(key = %name.key, error = %e, "background release failed; the lock expires with its lease"),
-            }
-            drop(client);
-        });
+        if self.leave().is_some() {
+            let hold = &self.hold;
+            hold.client
+                .release_in_background(hold.name.clone(), hold.owner.clone());
+        }
     }
 }
 
 impl std::fmt::Debug for LockGuard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LockGuard")
-            .field("key", &self.name.key)
-            .field("fence", &self.fence)
-            .field("holder", &self.owner)
+            .field("key", &self.hold.name.key)
+            .field("fence", &self.hold.fence)
+            .field("holder", &self.hold.owner)
             .finish()
     }
 }

@@ -55,7 +55,7 @@ impl Io {
         match self.handle.spawn(fut).await {
             Ok(out) => out,
             Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            Err(_) => Err(LockError::other("the lock client was shut down")),
+            Err(_) => Err(LockError::shutdown()),
         }
     }
 

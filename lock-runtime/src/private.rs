@@ -81,6 +81,7 @@ where
         Ok(guard) => guard,
         Err(e) => return fail(e),
     };
+    let body = scope::with_fence(guard.fence(), body);
     let out = match options.on_lost {
         OnLost::Abort => {
             let lost = guard.lost();

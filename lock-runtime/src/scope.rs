@@ -1,54 +1,107 @@
-//! The holder identity of an annotated call chain.
+//! The holder identity of an annotated call chain, and the fencing token of
+//! the body being run.
 //!
-//! The outermost `#[distributed_lock]` call opens a task-local scope with a
-//! fresh holder id; nested calls awaited in the same task find it and
-//! re-enter. A spawned task starts without a scope, so it is a different
-//! holder. Task-locals work the same under `block_on`, `#[tokio::main]`,
-//! `#[tokio::test]` and in spawned tasks.
+//! The outermost `#[distributed_lock]` call opens a task-local scope; nested
+//! calls awaited in the same task find the locks it holds there and re-enter
+//! them without a round trip. A spawned task starts without a scope, so it is
+//! a different holder. Task-locals work the same under `block_on`,
+//! `#[tokio::main]`, `#[tokio::test]` and in spawned tasks.
+//!
+//! The token is a task-local of its own, set around each annotated body
+//! only while that body is polled: bodies joined in one task each see
+//! their own.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use tokio::sync::Notify;
+
+use crate::guard::Hold;
+
 tokio::task_local! {
     static SCOPE: Arc<Scope>;
+    static FENCE: u64;
 }
 
-/// Process-wide so that holder ids never repeat within one client id.
+/// Process-wide so that owner ids never repeat within one client id.
 static NEXT_HOLDER: AtomicU64 = AtomicU64::new(1);
 
 pub(crate) fn next_holder() -> u64 {
     NEXT_HOLDER.fetch_add(1, Ordering::Relaxed)
 }
 
+/// A lock held in a scope: (client id, lock name in Redis).
+type HoldKey = (Arc<str>, Arc<str>);
+
+#[derive(Default)]
 pub(crate) struct Scope {
-    pub(crate) holder: u64,
-    /// Locks taken in this scope, innermost last: (guard id, lock hash, fence).
-    held: Mutex<Vec<(u64, Arc<str>, u64)>>,
+    /// Each lock the scope holds, with how many of its guards are open.
+    held: Mutex<HashMap<HoldKey, (Arc<Hold>, usize)>>,
+    /// A lock joined the scope: a scope-mate that waits for the same key
+    /// (futures joined in one body) re-enters it instead.
+    joined: Notify,
+}
+
+/// What a scope knows of a key.
+pub(crate) enum Reentry {
+    /// Held: one more guard shares it.
+    Held(Arc<Hold>),
+    /// Held, but the lock was lost: the new call must not run.
+    Lost,
+    /// Not held here.
+    No,
 }
 
 impl Scope {
-    pub(crate) fn push(&self, guard: u64, hash: Arc<str>, fence: u64) {
-        self.held.lock().unwrap().push((guard, hash, fence));
-    }
-
-    pub(crate) fn pop(&self, guard: u64) {
+    pub(crate) fn reenter(&self, client: &Arc<str>, hash: &Arc<str>) -> Reentry {
         let mut held = self.held.lock().unwrap();
-        if let Some(i) = held.iter().rposition(|(g, _, _)| *g == guard) {
-            held.remove(i);
+        match held.get_mut(&(client.clone(), hash.clone())) {
+            Some((hold, _)) if hold.is_lost() => Reentry::Lost,
+            Some((hold, guards)) => {
+                *guards += 1;
+                Reentry::Held(hold.clone())
+            }
+            None => Reentry::No,
         }
     }
 
-    pub(crate) fn holds(&self, hash: &str) -> bool {
+    /// A fresh grant joins the scope (unless a scope-mate's grant of the
+    /// same key is already there; then it stays a lone guard).
+    pub(crate) fn insert(&self, client: &Arc<str>, hold: &Arc<Hold>) {
+        let key = (client.clone(), hold.name.hash.clone());
         self.held
             .lock()
             .unwrap()
-            .iter()
-            .any(|(_, h, _)| &**h == hash)
+            .entry(key)
+            .or_insert_with(|| (hold.clone(), 1));
+        self.joined.notify_waiters();
     }
 
-    fn innermost_fence(&self) -> Option<u64> {
-        self.held.lock().unwrap().last().map(|(_, _, f)| *f)
+    /// One guard of `hold` ends; true if it was the last one, so the lock
+    /// is to be released. Under the scope's lock, so a reentry cannot slip
+    /// in between the count reaching zero and the release.
+    pub(crate) fn leave(&self, client: &Arc<str>, hold: &Arc<Hold>) -> bool {
+        let key = (client.clone(), hold.name.hash.clone());
+        let mut held = self.held.lock().unwrap();
+        match held.get_mut(&key) {
+            Some((h, guards)) if Arc::ptr_eq(h, hold) => {
+                *guards -= 1;
+                if *guards == 0 {
+                    held.remove(&key);
+                    true
+                } else {
+                    false
+                }
+            }
+            _ => true,
+        }
+    }
+
+    /// Resolves when a lock joins the scope.
+    pub(crate) fn joined(&self) -> tokio::sync::futures::Notified<'_> {
+        self.joined.notified()
     }
 }
 
@@ -59,18 +112,21 @@ pub(crate) fn current() -> Option<Arc<Scope>> {
 
 /// Run `fut` as a new holder.
 pub(crate) async fn enter<F: Future>(fut: F) -> F::Output {
-    let scope = Arc::new(Scope {
-        holder: next_holder(),
-        held: Mutex::new(Vec::new()),
-    });
-    SCOPE.scope(scope, fut).await
+    SCOPE.scope(Arc::default(), fut).await
 }
 
-/// The fencing token of the innermost lock this task holds through an
-/// annotated call, or `None` outside one.
+/// Run an annotated body: `current_fence()` inside it is `fence`.
+pub(crate) async fn with_fence<F: Future>(fence: u64, body: F) -> F::Output {
+    FENCE.scope(fence, body).await
+}
+
+/// The fencing token of the annotated body this code runs in (the innermost
+/// one, when bodies nest), or `None` outside one.
 ///
-/// Pass it to the resource you protect (see the crate docs on fencing) so a
-/// holder that was paused past its lease cannot overwrite newer work.
+/// Each body sees its own token, also when several run side by side in one
+/// task (`tokio::join!`, `select!`). Pass it to the resource you protect
+/// (see the crate docs on fencing) so a holder that was paused past its
+/// lease cannot overwrite newer work.
 pub fn current_fence() -> Option<u64> {
-    current().and_then(|s| s.innermost_fence())
+    FENCE.try_with(|f| *f).ok()
 }

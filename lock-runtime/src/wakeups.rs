@@ -6,9 +6,11 @@
 //! attempts that are bound to fail. A woken waiter that takes the lock wakes
 //! the next one when it releases; one that loses to another client waits for
 //! the next message. A wake-up that lands while nobody is parked is kept for
-//! the next waiter to park, so a release during an attempt is not lost.
+//! the next waiter to park, so a release during an attempt is not lost; one
+//! whose waiter goes away before its attempt finished is passed on.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
@@ -20,6 +22,8 @@ pub(crate) type OnIdle = Arc<dyn Fn(Arc<str>) + Send + Sync>;
 pub(crate) struct Wakeups {
     slots: Mutex<HashMap<Arc<str>, Slot>>,
     on_idle: Option<OnIdle>,
+    /// Releases are no longer published where this registry listens.
+    retired: AtomicBool,
 }
 
 struct Slot {
@@ -34,6 +38,7 @@ impl Wakeups {
         Wakeups {
             slots: Mutex::default(),
             on_idle,
+            retired: AtomicBool::new(false),
         }
     }
 
@@ -50,6 +55,7 @@ impl Wakeups {
             wake: slot.wake.clone(),
             channel: channel.clone(),
             registry: self.clone(),
+            woken: false,
         };
         (waiter, !slot.ready)
     }
@@ -84,6 +90,12 @@ impl Wakeups {
         if let Some(slot) = self.slots.lock().unwrap().get(channel) {
             slot.wake.notify_one();
         }
+    }
+
+    /// Stop being where waiters listen: wake them all to go elsewhere.
+    pub(crate) fn retire(&self) {
+        self.retired.store(true, Ordering::Release);
+        self.notify_all();
     }
 
     /// Wake everyone: messages may have been missed (reconnect).
@@ -121,18 +133,38 @@ pub(crate) struct Waiter {
     wake: Arc<Notify>,
     channel: Arc<str>,
     registry: Arc<Wakeups>,
+    /// Picked by a release and not yet [`consumed`](Waiter::consumed).
+    woken: bool,
 }
 
 impl Waiter {
     /// Resolves when a release message picks this waiter. A pick that is
-    /// dropped unpolled passes to the next waiter.
+    /// dropped unpolled passes to the next waiter (`Notify` does that), and
+    /// so does one whose waiter is dropped before it is consumed.
     pub(crate) async fn released(&mut self) {
         self.wake.notified().await;
+        self.woken = true;
+    }
+
+    /// The attempt that followed the wake-up got its answer: the wake-up
+    /// served its purpose.
+    pub(crate) fn consumed(&mut self) {
+        self.woken = false;
+    }
+
+    /// Releases are no longer published where this waiter listens.
+    pub(crate) fn is_stale(&self) -> bool {
+        self.registry.retired.load(Ordering::Acquire)
     }
 }
 
 impl Drop for Waiter {
     fn drop(&mut self) {
+        if self.woken {
+            // Cancelled between its wake-up and its attempt: another waiter
+            // of this client may take the lock instead.
+            self.registry.notify(&self.channel);
+        }
         self.registry.leave(&self.channel);
     }
 }
@@ -153,6 +185,31 @@ mod tests {
             .expect("wake-up was lost");
         drop(w);
         assert!(reg.slots.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_waiter_dropped_after_its_wake_up_passes_it_on() {
+        use std::time::Duration;
+        let reg = Arc::new(Wakeups::new(None));
+        let ch: Arc<str> = "c".into();
+        let (mut a, _) = reg.join(&ch);
+        let (mut b, _) = reg.join(&ch);
+        reg.notify("c");
+        let first = tokio::select! {
+            _ = a.released() => 'a',
+            _ = b.released() => 'b',
+        };
+        // The woken waiter's caller is cancelled before its attempt.
+        let mut other = if first == 'a' {
+            drop(a);
+            b
+        } else {
+            drop(b);
+            a
+        };
+        tokio::time::timeout(Duration::from_secs(5), other.released())
+            .await
+            .expect("the wake-up of a cancelled waiter was swallowed");
     }
 
     #[tokio::test]

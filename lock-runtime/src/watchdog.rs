@@ -41,9 +41,9 @@ struct Shared {
 
 struct Entry {
     id: u64,
+    /// What the next tick sends; its lease only grows (a nested holder may
+    /// ask for a longer one).
     renewal: Renewal,
-    /// Open holds (reentries) on this lock by this owner.
-    holds: usize,
     next_due: Instant,
     /// The lease runs out here unless a renewal succeeds.
     deadline: Instant,
@@ -126,8 +126,8 @@ impl Watchdog {
         }
     }
 
-    /// Start renewing (or count one more hold of) a lock just granted.
-    /// `granted_at` is when the acquire was sent: the lease counts from there.
+    /// Start renewing a lock just granted. `granted_at` is when the acquire
+    /// was first sent: the lease counts from there.
     pub(crate) fn hold(
         &self,
         io: &Io,
@@ -136,35 +136,34 @@ impl Watchdog {
         granted_at: Instant,
     ) -> Held {
         self.start(io, backend);
-        let valid = renewal.lease.saturating_sub(backend.drift(renewal.lease));
+        let drift = backend.drift(renewal.lease);
+        self.insert(renewal, granted_at, drift)
+    }
+
+    fn insert(&self, renewal: Renewal, granted_at: Instant, drift: Duration) -> Held {
+        let valid = renewal.lease.saturating_sub(drift);
         let key: EntryKey = (renewal.name.hash.clone(), renewal.owner.clone());
-        let mut entries = self.shared.entries.lock().unwrap();
-        let mut fresh = false;
-        let entry = entries.entry(key.clone()).or_insert_with(|| {
-            fresh = true;
-            Entry {
-                id: self.shared.next_id.fetch_add(1, Ordering::Relaxed),
-                next_due: granted_at + interval(renewal.lease),
-                deadline: granted_at + valid,
-                holds: 0,
-                lost: Arc::default(),
-                renewal: renewal.clone(),
-            }
-        });
-        entry.holds += 1;
-        if renewal.lease > entry.renewal.lease {
-            // A nested holder asked for a longer lease (Redis kept the longer).
-            entry.renewal.lease = renewal.lease;
-            entry.deadline = entry.deadline.max(granted_at + valid);
-        }
+        let entry = Entry {
+            id: self.shared.next_id.fetch_add(1, Ordering::Relaxed),
+            next_due: granted_at + interval(renewal.lease),
+            deadline: granted_at + valid,
+            lost: Arc::default(),
+            renewal,
+        };
         let held = Held {
-            key,
+            key: key.clone(),
             id: entry.id,
             lost: entry.lost.clone(),
         };
         let due = entry.next_due.min(entry.deadline);
-        let wake =
-            fresh && !matches!(*self.shared.scheduled.lock().unwrap(), Some(at) if at <= due);
+        let mut entries = self.shared.entries.lock().unwrap();
+        // Owner ids are unique per acquisition: an entry under the same
+        // key is a stale one, and its holder is told it lost the lock
+        // rather than silently sharing this grant.
+        if let Some(old) = entries.insert(key, entry) {
+            old.lost.set();
+        }
+        let wake = !matches!(*self.shared.scheduled.lock().unwrap(), Some(at) if at <= due);
         drop(entries);
         if wake {
             self.shared.wake.notify_one();
@@ -172,18 +171,25 @@ impl Watchdog {
         held
     }
 
-    /// End one hold. The last hold stops renewals before the caller sends
-    /// its release, so no renewal is ever issued after it.
+    /// A nested holder asked for a longer lease: later renewals send it.
+    /// (What Redis has now stays until the next tick; the lease only matters
+    /// once renewals stop.)
+    pub(crate) fn raise_lease(&self, held: &Held, lease: std::time::Duration) {
+        let mut entries = self.shared.entries.lock().unwrap();
+        if let Some(entry) = entries.get_mut(&held.key) {
+            if entry.id == held.id && lease > entry.renewal.lease {
+                entry.renewal.lease = lease;
+            }
+        }
+    }
+
+    /// Stop renewing, before the caller sends its release, so no renewal
+    /// is ever issued after it.
     pub(crate) fn leave(&self, held: &Held) -> Left {
         let mut entries = self.shared.entries.lock().unwrap();
         let was_lost = held.is_lost();
-        if let Some(entry) = entries.get_mut(&held.key) {
-            if entry.id == held.id {
-                entry.holds -= 1;
-                if entry.holds == 0 {
-                    entries.remove(&held.key);
-                }
-            }
+        if entries.get(&held.key).is_some_and(|e| e.id == held.id) {
+            entries.remove(&held.key);
         }
         Left { was_lost }
     }
@@ -259,6 +265,9 @@ async fn tick(shared: &Shared, backend: &dyn Backend) {
         .map(|d| d.saturating_duration_since(sent_at))
         .unwrap_or_default()
         .max(Duration::from_millis(5));
+    // Deadlines are booked from the lease this tick sends, whatever the
+    // entry asks for by the time the answer comes.
+    let leases: Vec<Duration> = batch.iter().map(|r| r.lease).collect();
     // No answer in time leaves every outcome missing: handled as a failure.
     let mut outcomes: Vec<Renewed> = tokio::time::timeout(limit, backend.renew(batch))
         .await
@@ -274,15 +283,15 @@ async fn tick(shared: &Shared, backend: &dyn Backend) {
             continue;
         };
         let i = by_id[at].1;
-        let iv = interval(entry.renewal.lease);
+        let iv = interval(entry.renewal.lease.min(leases[i]));
         let outcome = outcomes
             .get_mut(i)
             .map(|o| std::mem::replace(o, Renewed::Yes));
         match outcome {
             Some(Renewed::Yes) => {
-                let lease = entry.renewal.lease;
+                let lease = leases[i];
                 entry.deadline = sent_at + lease.saturating_sub(backend.drift(lease));
-                entry.next_due = sent_at + iv;
+                entry.next_due = sent_at + interval(lease);
             }
             Some(Renewed::NotOwner) => {
                 tracing::warn!(key = %entry.renewal.name.key, "lock lost: Redis no longer has it for this holder");
@@ -308,5 +317,88 @@ async fn tick(shared: &Shared, backend: &dyn Backend) {
     }
     for key in gone {
         entries.remove(&key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{Acquired, BoxFuture, Released};
+    use crate::key::LockName;
+    use crate::wakeups::Waiter;
+    use crate::LockError;
+
+    /// Answers a renewal only when told to.
+    #[derive(Default)]
+    struct Gate {
+        sent: Notify,
+        go: Notify,
+    }
+
+    impl Backend for Arc<Gate> {
+        fn acquire(
+            &self,
+            _: &LockName,
+            _: &Arc<str>,
+            _: Duration,
+        ) -> BoxFuture<Result<Acquired, LockError>> {
+            Box::pin(async { Err(LockError::other("not used")) })
+        }
+
+        fn release(&self, _: &LockName, _: &Arc<str>) -> BoxFuture<Result<Released, LockError>> {
+            Box::pin(async { Err(LockError::other("not used")) })
+        }
+
+        fn renew(&self, batch: Vec<Renewal>) -> BoxFuture<Vec<Renewed>> {
+            let gate = self.clone();
+            Box::pin(async move {
+                gate.sent.notify_one();
+                gate.go.notified().await;
+                batch.iter().map(|_| Renewed::Yes).collect()
+            })
+        }
+
+        fn subscribe(&self, _: &LockName) -> BoxFuture<Result<Waiter, LockError>> {
+            Box::pin(async { Err(LockError::other("not used")) })
+        }
+
+        fn waiting(&self, _: &LockName) -> usize {
+            0
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_tick_books_the_lease_it_sent_not_one_raised_meanwhile() {
+        let dog = Watchdog::new();
+        let gate = Arc::new(Gate::default());
+        let backend: Arc<dyn Backend> = Arc::new(gate.clone());
+        let (short, long) = (Duration::from_secs(3), Duration::from_secs(30));
+        let renewal = Renewal {
+            name: LockName::new("lock:", "k").unwrap(),
+            owner: "o".into(),
+            lease: short,
+        };
+        let held = dog.insert(renewal, Instant::now(), Duration::ZERO);
+        tokio::time::advance(interval(short)).await;
+        let (shared, b) = (dog.shared.clone(), backend.clone());
+        let ticking = tokio::spawn(async move { tick(&shared, &*b).await });
+        gate.sent.notified().await;
+        let sent_at = Instant::now();
+        // A nested holder asks for a longer lease while the tick is out.
+        dog.raise_lease(&held, long);
+        gate.go.notify_one();
+        ticking.await.unwrap();
+        let entries = dog.shared.entries.lock().unwrap();
+        let entry = entries.values().next().unwrap();
+        assert_eq!(
+            entry.deadline,
+            sent_at + short,
+            "the deadline must follow the lease that was sent"
+        );
+        assert_eq!(
+            entry.renewal.lease, long,
+            "the next tick sends the longer lease"
+        );
+        assert_eq!(entry.next_due, sent_at + interval(short));
     }
 }

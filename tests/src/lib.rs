@@ -166,6 +166,19 @@ impl RedisServer {
             .unwrap_or(0)
     }
 
+    /// Every command run since the last `CONFIG RESETSTAT`, scripts' inner
+    /// calls included, less the `INFO` that reads the figure.
+    pub fn all_calls(&self) -> u64 {
+        let info: String = self.cmd(&["INFO", "commandstats"]);
+        info.lines()
+            .filter_map(|l| l.strip_prefix("cmdstat_"))
+            .filter(|l| !l.starts_with("info:") && !l.starts_with("config|resetstat:"))
+            .filter_map(|l| l.split("calls=").nth(1))
+            .filter_map(|rest| rest.split(',').next())
+            .filter_map(|n| n.parse::<u64>().ok())
+            .sum()
+    }
+
     pub fn reset_stats(&self) {
         let _: String = self.cmd(&["CONFIG", "RESETSTAT"]);
     }

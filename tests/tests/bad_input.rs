@@ -429,10 +429,10 @@ async fn bad_input_table() {
     drop((replica, primary));
 
     let key = unique("wrongtype");
-    let _: () = global.cmd(&["SET", &format!("lock:{{{key}}}"), "not a hash"]);
+    let _: i64 = global.cmd(&["HSET", &format!("lock:{{{key}}}"), "not", "a lock"]);
     let keep = [format!("lock:{{{key}}}")];
     t.case(
-        "lock key holds a string (WRONGTYPE), manual",
+        "lock key holds a hash (WRONGTYPE), manual",
         Expect::Backend,
         "wrongtype",
         on(g).keep(&keep),
@@ -440,7 +440,7 @@ async fn bad_input_table() {
     )
     .await;
     t.case(
-        "lock key holds a string (WRONGTYPE), attribute",
+        "lock key holds a hash (WRONGTYPE), attribute",
         Expect::Backend,
         "wrongtype",
         on(g).keep(&keep).attr(),

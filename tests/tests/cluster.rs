@@ -343,7 +343,7 @@ async fn slot_migration_while_held_follows_ask_and_moved() {
         .await
         .unwrap()
         .unwrap_or_else(|e| panic!("acquire waited out the migration: {e:?}"));
-    assert_eq!(g.fence(), 1);
+    assert!(g.fence() > 0);
     g.release().await.unwrap();
 
     // Migrated: the release follows MOVED to the new owner, and the fence
@@ -354,6 +354,6 @@ async fn slot_migration_while_held_follows_ask_and_moved() {
         .await
         .unwrap_or_else(|e| panic!("release after MOVED: {e:?}"));
     let again = client.lock(&key).await.unwrap();
-    assert_eq!(again.fence(), fence + 1);
+    assert!(again.fence() > fence, "{} after {fence}", again.fence());
     again.release().await.unwrap();
 }

@@ -1,6 +1,6 @@
-//! Locks in this process: the same protocol as Redis (reentry counts, lease
-//! expiry, fencing, wake-up on release) for single-instance services and
-//! users' unit tests.
+//! Locks in this process: the same protocol as Redis (one owner per
+//! acquisition, lease expiry, fencing, wake-up on release) for
+//! single-instance services and users' unit tests.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -26,7 +26,7 @@ struct State {
 }
 
 struct Lock {
-    holders: HashMap<Arc<str>, u64>,
+    owner: Arc<str>,
     expires: Instant,
 }
 
@@ -49,11 +49,10 @@ impl MemoryBackend {
         let now = Instant::now();
         let mut state = self.state.lock().unwrap();
         if let Some(lock) = state.live(&name.hash, now) {
-            if let Some(count) = lock.holders.get_mut(owner) {
-                *count += 1;
-                lock.expires = lock.expires.max(now + lease);
+            if lock.owner == *owner {
+                lock.expires = now + lease;
                 let fence = state.fences.get(&name.fence).copied().unwrap_or(0);
-                return Acquired::Reentered { fence };
+                return Acquired::Repeated { fence };
             }
             return Acquired::Busy {
                 ttl: Some(lock.expires - now),
@@ -62,7 +61,7 @@ impl MemoryBackend {
         state.locks.insert(
             name.hash.clone(),
             Lock {
-                holders: HashMap::from([(owner.clone(), 1)]),
+                owner: owner.clone(),
                 expires: now + lease,
             },
         );
@@ -74,15 +73,9 @@ impl MemoryBackend {
     fn release_now(&self, name: &LockName, owner: &Arc<str>) -> Released {
         let now = Instant::now();
         let mut state = self.state.lock().unwrap();
-        let Some(lock) = state.live(&name.hash, now) else {
-            return Released::NotOwner;
-        };
-        let Some(count) = lock.holders.get_mut(owner) else {
-            return Released::NotOwner;
-        };
-        *count -= 1;
-        if *count > 0 {
-            return Released::StillHeld;
+        match state.live(&name.hash, now) {
+            Some(lock) if lock.owner == *owner => {}
+            _ => return Released::NotOwner,
         }
         state.locks.remove(&name.hash);
         drop(state);
@@ -94,7 +87,7 @@ impl MemoryBackend {
         let now = Instant::now();
         let mut state = self.state.lock().unwrap();
         match state.live(&r.name.hash, now) {
-            Some(lock) if lock.holders.contains_key(&r.owner) => {
+            Some(lock) if lock.owner == r.owner => {
                 lock.expires = now + r.lease;
                 Renewed::Yes
             }

@@ -19,13 +19,16 @@ pub(crate) mod subscribers;
 
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
-/// Outcome of one acquire attempt.
+/// Outcome of one acquire attempt. Owner ids are unique per acquisition
+/// (reentry never reaches the backend), so an attempt sent twice is
+/// recognised: the second answer is `Repeated` with the same token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Acquired {
-    /// Taken fresh; the fence counter was incremented.
+    /// Taken; the fence counter moved past every earlier token.
     Fresh { fence: u64 },
-    /// This owner already held it; the reentry count went up.
-    Reentered { fence: u64 },
+    /// Already held by this owner: an earlier send of this same attempt
+    /// ran and its reply was lost. `fence` is the token it was given.
+    Repeated { fence: u64 },
     /// Held by someone else for about `ttl` more (None: unknown).
     Busy { ttl: Option<Duration> },
 }
@@ -33,10 +36,8 @@ pub(crate) enum Acquired {
 /// Outcome of one release.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Released {
-    /// The last hold ended; the lock is gone and waiters were woken.
+    /// The lock is gone and waiters were woken.
     Freed,
-    /// An outer hold of the same owner remains.
-    StillHeld,
     /// The lock was not ours any more (expired or deleted).
     NotOwner,
 }

@@ -12,6 +12,7 @@ use redis::{Cmd, FromRedisValue, Pipeline, ProtocolVersion, PushInfo, PushKind, 
 use tokio::runtime::Handle;
 
 use super::{Acquired, Backend, BoxFuture, Released, Renewal, Renewed};
+use crate::error::BackendError;
 use crate::key::LockName;
 use crate::scripts::{self, Script};
 use crate::wakeups::{Waiter, Wakeups};
@@ -21,9 +22,24 @@ use crate::LockError;
 /// Redis while still sending a whole tick in one pipelined round trip.
 const RENEW_CHUNK: usize = 500;
 
-/// Pause between tries while a cluster slot migrates (`TRYAGAIN`) or the
-/// cluster fails over (`CLUSTERDOWN`).
-const TRY_AGAIN_PAUSE: Duration = Duration::from_millis(20);
+/// First pause before a command is sent again after its connection broke
+/// (the connection manager is reconnecting) or a cluster slot was busy;
+/// doubled up to `MAX_RETRY_PAUSE`.
+const RETRY_PAUSE: Duration = Duration::from_millis(10);
+const MAX_RETRY_PAUSE: Duration = Duration::from_millis(200);
+
+/// Errors after which the same command is sent again at once: the
+/// connection broke (it is being re-established), or the cluster is moving
+/// a slot or failing over. Timeouts are not: they used the time up.
+fn retry_at_once(e: &redis::RedisError) -> bool {
+    use redis::{ErrorKind, ServerErrorKind};
+    crate::error::connection_broke(e)
+        || matches!(
+            e.kind(),
+            ErrorKind::Server(ServerErrorKind::TryAgain | ServerErrorKind::ClusterDown)
+        )
+        || matches!(e.code(), Some("TRYAGAIN" | "CLUSTERDOWN" | "LOADING"))
+}
 
 /// How a client talks to each Redis server.
 #[derive(Debug, Clone)]
@@ -174,28 +190,48 @@ impl RedisNode {
 
     /// EVALSHA; if Redis lost the script (restart, failover to a replica
     /// that never saw it), EVAL sends it along and caches it there.
+    ///
+    /// Sent again, within the operation timeout, when the connection broke
+    /// under it or a cluster slot is moving (`TRYAGAIN`) or failing over
+    /// (`CLUSTERDOWN`): every lock script is idempotent (owner ids are
+    /// unique per acquisition, so a repeated acquire is recognised and a
+    /// repeated release or renewal finds the state the first one left).
+    /// The flag says whether an earlier send may have run.
     async fn eval<T: FromRedisValue>(
         &self,
         script: &Script,
         keys: &[&str],
         args: &[&str],
-    ) -> Result<T, LockError> {
+    ) -> Result<(T, bool), LockError> {
+        let mut sent_before = false;
+        self.retrying(|| {
+            let first = !std::mem::replace(&mut sent_before, true);
+            async move {
+                self.eval_once(script, keys, args)
+                    .await
+                    .map(|v| (v, !first))
+            }
+        })
+        .await
+    }
+
+    /// Run `op` until it succeeds, fails for good, or the operation
+    /// timeout has no room for another try.
+    async fn retrying<T, F, Fut>(&self, mut op: F) -> Result<T, LockError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, LockError>>,
+    {
         let deadline = tokio::time::Instant::now() + self.settings.op_timeout;
+        let mut pause = RETRY_PAUSE;
         loop {
-            match self.eval_once(script, keys, args).await {
-                // A cluster slot is moving and only some of the script's keys
-                // have arrived, or the cluster is between a primary's death
-                // and its replica's promotion: the script did not run, so
-                // try again within the timeout.
-                Err(LockError::Backend(crate::error::BackendError::Redis { source, .. }))
-                    if matches!(
-                        source.kind(),
-                        redis::ErrorKind::Server(
-                            redis::ServerErrorKind::TryAgain | redis::ServerErrorKind::ClusterDown
-                        )
-                    ) && tokio::time::Instant::now() + TRY_AGAIN_PAUSE < deadline =>
+            match op().await {
+                Err(LockError::Backend(BackendError::Redis { source, .. }))
+                    if retry_at_once(&source) && tokio::time::Instant::now() + pause < deadline =>
                 {
-                    tokio::time::sleep(TRY_AGAIN_PAUSE).await;
+                    tracing::debug!(error = %source, "Redis command failed; sending it again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(MAX_RETRY_PAUSE);
                 }
                 other => return other,
             }
@@ -213,7 +249,7 @@ impl RedisNode {
             .query(Query::Cmd(script.evalsha(keys, args)), what)
             .await
         {
-            Err(LockError::Backend(crate::error::BackendError::Redis { source, .. }))
+            Err(LockError::Backend(BackendError::Redis { source, .. }))
                 if scripts::is_noscript(&source) =>
             {
                 self.query(Query::Cmd(script.eval(keys, args)), what).await
@@ -229,7 +265,7 @@ impl RedisNode {
         lease: Duration,
     ) -> Result<Acquired, LockError> {
         let lease_ms = millis(lease).to_string();
-        let (flag, n): (i64, i64) = self
+        let ((flag, n), _): ((i64, i64), bool) = self
             .eval(
                 &scripts::ACQUIRE,
                 &[&name.hash, &name.fence],
@@ -238,24 +274,33 @@ impl RedisNode {
             .await?;
         Ok(match flag {
             1 => Acquired::Fresh { fence: n as u64 },
-            2 => Acquired::Reentered { fence: n as u64 },
+            2 => Acquired::Repeated { fence: n as u64 },
             _ => Acquired::Busy {
                 ttl: (n > 0).then(|| Duration::from_millis(n as u64)),
             },
         })
     }
 
+    /// Delete the lock if `owner` holds it. `publish_absent`: wake waiters
+    /// even where the lock is missing (Redlock nodes that never had it).
     pub(crate) async fn release(
         &self,
         name: &LockName,
         owner: &str,
+        publish_absent: bool,
     ) -> Result<Released, LockError> {
-        let left: i64 = self
-            .eval(&scripts::RELEASE, &[&name.hash], &[owner, &name.channel])
+        let flag = if publish_absent { "1" } else { "0" };
+        let (freed, repeated): (i64, bool) = self
+            .eval(
+                &scripts::RELEASE,
+                &[&name.hash],
+                &[owner, &name.channel, flag],
+            )
             .await?;
-        Ok(match left {
-            0 => Released::Freed,
-            n if n > 0 => Released::StillHeld,
+        Ok(match freed {
+            1 => Released::Freed,
+            // An earlier send whose reply was lost may have deleted it.
+            _ if repeated => Released::Freed,
             _ => Released::NotOwner,
         })
     }
@@ -263,7 +308,7 @@ impl RedisNode {
     /// Raise the fence counter to at least `fence` (Redlock).
     pub(crate) async fn raise_fence(&self, name: &LockName, fence: u64) -> Result<(), LockError> {
         let fence = fence.to_string();
-        let _: i64 = self
+        let _: (i64, bool) = self
             .eval(&scripts::RAISE_FENCE, &[&name.fence], &[&fence])
             .await?;
         Ok(())
@@ -275,8 +320,8 @@ impl RedisNode {
         if let Conn::Cluster(_) = self.conn {
             return futures_util::future::join_all(batch.iter().map(|r| self.renew_one(r))).await;
         }
-        match self.renew_once(batch).await {
-            Err(LockError::Backend(crate::error::BackendError::Redis { source, .. }))
+        match self.retrying(|| self.renew_once(batch)).await {
+            Err(LockError::Backend(BackendError::Redis { source, .. }))
                 if scripts::is_noscript(&source) =>
             {
                 match self
@@ -304,7 +349,7 @@ impl RedisNode {
             .eval::<Vec<u8>>(&scripts::RENEW, &[&r.name.hash], &[&lease, &r.owner])
             .await
         {
-            Ok(flags) if flags.first() == Some(&b'1') => Renewed::Yes,
+            Ok((flags, _)) if flags.first() == Some(&b'1') => Renewed::Yes,
             Ok(_) => Renewed::NotOwner,
             Err(e) => Renewed::Failed(e),
         }
@@ -418,6 +463,13 @@ impl Subscriber {
 
     pub(crate) fn waiting(&self, channel: &str) -> usize {
         self.inner.wakeups.waiters(channel)
+    }
+
+    /// This server is no longer where releases are published (a Sentinel
+    /// failover moved the primary): wake every waiter, and have each
+    /// subscribe again elsewhere.
+    pub(crate) fn retire(&self) {
+        self.inner.wakeups.retire();
     }
 
     /// Subscribe (if this client does not yet listen) and return a waiter.
@@ -555,7 +607,7 @@ impl<S: Releases> Backend for RedisBackend<S> {
 
     fn release(&self, name: &LockName, owner: &Arc<str>) -> BoxFuture<Result<Released, LockError>> {
         let (node, name, owner) = (self.node.clone(), name.clone(), owner.clone());
-        Box::pin(async move { node.release(&name, &owner).await })
+        Box::pin(async move { node.release(&name, &owner, false).await })
     }
 
     fn renew(&self, batch: Vec<Renewal>) -> BoxFuture<Vec<Renewed>> {

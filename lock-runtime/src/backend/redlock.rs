@@ -3,7 +3,7 @@
 //! failing.
 //!
 //! Every step asks all nodes at once, each with a short per-node timeout, and
-//! counts answers: acquire (and reentry) and renewal need `N/2 + 1` grants,
+//! counts answers: acquire and renewal need `N/2 + 1` grants,
 //! and the time they took plus a clock-drift allowance must leave part of the
 //! lease. A failed acquire is taken back on every node, also those that did
 //! not answer (a lost reply is not a refusal).
@@ -12,9 +12,12 @@
 //! maximum, and before the guard is returned every granting node's counter
 //! is raised to it. A later majority shares at least one node with those
 //! raised, so its maximum is higher — for as long as a majority keeps its
-//! data. A node that restarts empty forgets both the lock and the counter;
-//! run the nodes with persistence (`appendfsync always`) or keep a restarted
-//! node out for longer than the longest lease.
+//! data. A node that restarts empty forgets the lock and the counter, but
+//! its tokens never fall below its clock in microseconds, so they still
+//! exceed every token handed out before (as long as the nodes' clocks agree
+//! to within the time the restart took). The lock it forgot is another
+//! matter: run the nodes with persistence (`appendfsync always`) or keep a
+//! restarted node out for longer than the longest lease.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -182,10 +185,11 @@ impl Shared {
 
     /// Take back an acquire on every node, also those that did not answer:
     /// a lost reply is not a refusal. Each node's connection keeps order, so
-    /// the release lands after the acquire even on a slow node.
+    /// the release lands after the acquire even on a slow node. The owner id
+    /// belongs to this one acquisition, so no other hold is touched.
     async fn undo(&self, name: &LockName, owner: &str) {
         join_all(self.slots.iter().map(|slot| async move {
-            let fut = async { slot.node().await?.release(name, owner).await };
+            let fut = async { slot.node().await?.release(name, owner, true).await };
             let _ = tokio::time::timeout(self.op_timeout, fut).await;
         }))
         .await;
@@ -204,11 +208,14 @@ impl Shared {
                 s.node().await?.acquire(name, owner, lease).await
             })
             .await;
-        let (mut fresh, mut reentered, mut busy_ttl, mut busy) = (vec![], vec![], None, 0);
+        // A node that answers `Repeated` ran an earlier send of this same
+        // attempt: it is a grant like any other.
+        let (mut fresh, mut busy_ttl, mut busy) = (vec![], None, 0);
         for (i, a) in answers.iter().enumerate() {
             match a {
-                Ok(Acquired::Fresh { fence }) => fresh.push((i, *fence)),
-                Ok(Acquired::Reentered { fence }) => reentered.push((i, *fence)),
+                Ok(Acquired::Fresh { fence } | Acquired::Repeated { fence }) => {
+                    fresh.push((i, *fence))
+                }
                 Ok(Acquired::Busy { ttl }) => {
                     busy += 1;
                     if let Some(t) = ttl {
@@ -219,26 +226,6 @@ impl Shared {
             }
         }
         let key = &name.key;
-
-        if !reentered.is_empty() {
-            if reentered.len() < self.quorum {
-                // Undone everywhere: a node that did not answer in time
-                // runs the release after the reentry it has queued.
-                self.undo(name, owner).await;
-                tracing::warn!(key = %key, held_on = reentered.len(), nodes = n, "Redlock reentry: the outer hold is no longer on a majority");
-                return Err(LockError::Lost {
-                    key: key.to_string(),
-                });
-            }
-            let fence = reentered.iter().map(|g| g.1).max().unwrap_or(0);
-            // Nodes that had lost the lock took it fresh: they learn the token.
-            join_all(fresh.iter().map(|&(i, _)| async move {
-                let fut = async { self.slots[i].node().await?.raise_fence(name, fence).await };
-                let _ = tokio::time::timeout(self.op_timeout, fut).await;
-            }))
-            .await;
-            return Ok(Acquired::Reentered { fence });
-        }
 
         if fresh.len() < self.quorum {
             self.undo(name, owner).await;
@@ -297,10 +284,12 @@ impl Shared {
         Ok(Acquired::Fresh { fence })
     }
 
+    /// Release on every node. Each node also publishes where the lock is
+    /// absent: waiters listen on one node, which may never have had it.
     async fn release(&self, name: &LockName, owner: &str) -> Result<Released, LockError> {
         let answers = self
             .all(self.op_timeout, |s| async move {
-                s.node().await?.release(name, owner).await
+                s.node().await?.release(name, owner, true).await
             })
             .await;
         let count = |r: Released| {
@@ -309,23 +298,17 @@ impl Shared {
                 .filter(|a| a.as_ref().ok() == Some(&r))
                 .count()
         };
-        let (freed, still, not_owner) = (
-            count(Released::Freed),
-            count(Released::StillHeld),
-            count(Released::NotOwner),
-        );
+        let (freed, not_owner) = (count(Released::Freed), count(Released::NotOwner));
         let n = self.slots.len();
-        match verdict(n, self.quorum, freed + still, not_owner) {
-            Verdict::Majority if still > freed => return Ok(Released::StillHeld),
+        match verdict(n, self.quorum, freed, not_owner) {
             Verdict::Majority => return Ok(Released::Freed),
             // Too few nodes could still have it: not held by a majority.
             Verdict::Impossible => return Ok(Released::NotOwner),
             Verdict::Unknown => {}
         }
         Err(LockError::other(format!(
-            "Redlock: releasing lock `{}`: confirmed by {} of {n} nodes, {} needed: {}",
+            "Redlock: releasing lock `{}`: confirmed by {freed} of {n} nodes, {} needed: {}",
             name.key,
-            freed + still,
             self.quorum,
             self.failures(&answers)
         )))

@@ -222,6 +222,9 @@ impl Shared {
         let primary = Arc::new(open_primary(&addr, &self.settings, self.acks, &self.io).await?);
         tracing::warn!(from = %now.addr, to = %addr, master = %self.master, "Sentinel failover: following the new primary");
         *self.current.lock().unwrap() = primary.clone();
+        // Waiters listening on the old primary would hear nothing more:
+        // wake them to subscribe again on the new one.
+        now.subscriber.retire();
         Ok(primary)
     }
 
@@ -277,7 +280,7 @@ impl Shared {
             match acked {
                 Ok(n) if n >= replicas as i64 => Ok(out),
                 other => {
-                    let _ = p.node.release(name, owner).await;
+                    let _ = p.node.release(name, owner, false).await;
                     let got = match other {
                         Ok(n) => format!("only {n} confirmed within {wait:?}"),
                         Err(e) => format!("WAIT failed: {e}"),
@@ -309,7 +312,7 @@ impl Backend for SentinelBackend {
         Box::pin(async move {
             let (name, owner) = (&name, &owner);
             shared
-                .on_primary(|p| async move { p.node.release(name, owner).await })
+                .on_primary(|p| async move { p.node.release(name, owner, false).await })
                 .await
         })
     }
