@@ -114,18 +114,20 @@ async fn fence_is_raised_on_every_granting_node() {
     let client = redlock(&nodes).await;
     let key = unique("fence");
     // Node 0 has handed out more tokens than the others (it was in more
-    // majorities): the token must come from it and reach the others.
-    let _: () = nodes[0].cmd(&["SET", &format!("{}:fence", hash(&key)), "100"]);
+    // majorities, and they are ahead of every node's clock floor): the
+    // token must come from it and reach the others.
+    let ahead: u64 = 8_000_000_000_000_000;
+    let _: () = nodes[0].cmd(&["SET", &format!("{}:fence", hash(&key)), &ahead.to_string()]);
     let g = client.lock(&key).await.unwrap();
-    assert_eq!(g.fence(), 101);
+    assert_eq!(g.fence(), ahead + 1);
     for (i, n) in nodes.iter().enumerate() {
-        assert_eq!(fence_on(n, &key), 101, "node {i} was not raised");
+        assert_eq!(fence_on(n, &key), ahead + 1, "node {i} was not raised");
     }
     g.release().await.unwrap();
     // Without the node that had the maximum, the next token is still higher.
     nodes[0].kill();
     let g = client.lock(&key).await.unwrap();
-    assert_eq!(g.fence(), 102);
+    assert_eq!(g.fence(), ahead + 2);
     g.release().await.unwrap();
 }
 
@@ -152,6 +154,55 @@ async fn minority_killed_while_held_stays_held_and_renewed() {
     for n in &nodes[..3] {
         assert!(!n.exists(&hash(&key)));
     }
+}
+
+/// A waiter listens on one node. A release must wake it also when that
+/// node never had the lock (the holder got its majority elsewhere), and
+/// taking back a partial grant must not wake it round in a loop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_a_waiter_listening_on_a_node_without_the_lock() {
+    let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let holder = redlock(&nodes).await;
+    let waiting = LockClient::builder()
+        .op_timeout(Duration::from_millis(150))
+        .retry_delay(Duration::from_secs(30))
+        .redlock(urls(&nodes))
+        .await
+        .unwrap();
+    let key = unique("wake-anywhere");
+    let held = holder
+        .lock(&key)
+        .lease(Duration::from_secs(10))
+        .await
+        .unwrap();
+    // The first node (where the waiter subscribes) loses the lock; the
+    // other two still hold a majority.
+    let _: i64 = nodes[0].cmd(&["DEL", &hash(&key)]);
+    let (w, k) = (waiting.clone(), key.clone());
+    let waiter = tokio::spawn(async move { w.lock(&k).wait(Duration::from_secs(20)).await });
+    assert!(tests::eventually(Duration::from_secs(5), || waiting.waiting(&key) == 1).await);
+    for n in &nodes {
+        n.reset_stats();
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let attempts: u64 = nodes.iter().map(|n| n.calls("evalsha")).sum();
+    assert!(
+        attempts <= 3 * 2,
+        "the waiter kept trying while the lock was held: {attempts} script calls in 500 ms"
+    );
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let g = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the release did not wake the waiter")
+        .unwrap()
+        .unwrap();
+    assert!(
+        released.elapsed() < Duration::from_secs(2),
+        "woken only after {:?}",
+        released.elapsed()
+    );
+    g.release().await.unwrap();
 }
 
 #[distributed_lock(key = "{key}", lease = "2s")]

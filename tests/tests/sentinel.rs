@@ -43,6 +43,18 @@ async fn primary_killed_clients_follow_the_new_primary() {
         "the lock never reached the replica"
     );
 
+    // A waiter on another client, parked on the old primary's channel, with
+    // a fallback retry far away: only a wake-up from the new primary can
+    // hand it the lock quickly.
+    let waiting = builder()
+        .retry_delay(Duration::from_secs(30))
+        .sentinel(sentinels.urls(), MASTER)
+        .await
+        .unwrap();
+    let (w, k) = (waiting.clone(), held_key.clone());
+    let waiter = tokio::spawn(async move { w.lock(&k).wait(Duration::from_secs(60)).await });
+    assert!(eventually(Duration::from_secs(5), || waiting.waiting(&held_key) == 1).await);
+
     let old = primary.port();
     primary.kill();
     let killed = Instant::now();
@@ -77,9 +89,28 @@ async fn primary_killed_clients_follow_the_new_primary() {
 
     // The lock held across the failover is still ours on the new primary.
     assert!(!held.is_lost());
+    assert!(
+        !waiter.is_finished(),
+        "the waiter gave up: {:?}",
+        waiter.await
+    );
+    // Give the waiter time to notice the failover and listen again.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let released = Instant::now();
     held.release()
         .await
         .expect("the replicated lock survived the failover");
+    let handed = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter was not woken after the failover")
+        .unwrap()
+        .expect("the waiter failed across the failover");
+    assert!(
+        released.elapsed() < Duration::from_secs(2),
+        "the waiter got the lock {:?} after the release",
+        released.elapsed()
+    );
+    handed.release().await.unwrap();
     assert!(!replica.exists(&hash(&held_key)));
 
     // A client made after the failover finds the new primary at once.

@@ -281,15 +281,18 @@ impl RedisNode {
         })
     }
 
-    /// Delete the lock if `owner` holds it. `publish_absent`: wake waiters
-    /// even where the lock is missing (Redlock nodes that never had it).
+    /// Delete the lock if `owner` holds it, and wake waiters as `wake` says.
     pub(crate) async fn release(
         &self,
         name: &LockName,
         owner: &str,
-        publish_absent: bool,
+        wake: Wake,
     ) -> Result<Released, LockError> {
-        let flag = if publish_absent { "1" } else { "0" };
+        let flag = match wake {
+            Wake::IfReleased => "r",
+            Wake::Always => "a",
+            Wake::Never => "n",
+        };
         let (freed, repeated): (i64, bool) = self
             .eval(
                 &scripts::RELEASE,
@@ -399,6 +402,19 @@ impl RedisNode {
         }
         Ok(out)
     }
+}
+
+/// When a release publishes on the lock's channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wake {
+    /// When it deleted the lock.
+    IfReleased,
+    /// Also where the lock is absent: a Redlock waiter listens on one node,
+    /// which may never have had this owner's lock.
+    Always,
+    /// Never: taking back a partial Redlock grant frees nothing, and a
+    /// wake-up would only send the waiters (this one too) round again.
+    Never,
 }
 
 enum Query {
@@ -607,7 +623,7 @@ impl<S: Releases> Backend for RedisBackend<S> {
 
     fn release(&self, name: &LockName, owner: &Arc<str>) -> BoxFuture<Result<Released, LockError>> {
         let (node, name, owner) = (self.node.clone(), name.clone(), owner.clone());
-        Box::pin(async move { node.release(&name, &owner, false).await })
+        Box::pin(async move { node.release(&name, &owner, Wake::IfReleased).await })
     }
 
     fn renew(&self, batch: Vec<Renewal>) -> BoxFuture<Vec<Renewed>> {

@@ -27,7 +27,7 @@ use tokio::runtime::Handle;
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
-use super::redis::{NodeSettings, RedisNode};
+use super::redis::{NodeSettings, RedisNode, Wake};
 use super::subscribers::AnySubscriber;
 use super::{Acquired, Backend, BoxFuture, Released, Renewal, Renewed};
 use crate::key::LockName;
@@ -189,7 +189,7 @@ impl Shared {
     /// belongs to this one acquisition, so no other hold is touched.
     async fn undo(&self, name: &LockName, owner: &str) {
         join_all(self.slots.iter().map(|slot| async move {
-            let fut = async { slot.node().await?.release(name, owner, true).await };
+            let fut = async { slot.node().await?.release(name, owner, Wake::Never).await };
             let _ = tokio::time::timeout(self.op_timeout, fut).await;
         }))
         .await;
@@ -238,10 +238,15 @@ impl Shared {
                     self.failures(&answers)
                 )));
             }
-            if !fresh.is_empty() && !self.jitter.is_zero() {
-                // Split vote: step back for a random moment so that
-                // contenders do not collide again in lock-step.
-                tokio::time::sleep(self.jitter.mul_f64(fastrand::f64())).await;
+            if busy < self.quorum {
+                // Split vote: nobody holds a majority, and the partial
+                // grants were taken back without waking anyone. Try again
+                // after a random moment, so that contenders do not collide
+                // again in lock-step.
+                let pause = self.jitter.mul_f64(fastrand::f64());
+                return Ok(Acquired::Busy {
+                    ttl: Some(pause.max(Duration::from_millis(1))),
+                });
             }
             return Ok(Acquired::Busy { ttl: busy_ttl });
         }
@@ -289,7 +294,7 @@ impl Shared {
     async fn release(&self, name: &LockName, owner: &str) -> Result<Released, LockError> {
         let answers = self
             .all(self.op_timeout, |s| async move {
-                s.node().await?.release(name, owner, true).await
+                s.node().await?.release(name, owner, Wake::Always).await
             })
             .await;
         let count = |r: Released| {

@@ -17,7 +17,7 @@ use std::time::Duration;
 use tokio::runtime::Handle;
 use tokio::time::Instant;
 
-use super::redis::{NodeSettings, RedisNode, Subscriber};
+use super::redis::{NodeSettings, RedisNode, Subscriber, Wake};
 use super::{Acquired, Backend, BoxFuture, Released, Renewal, Renewed};
 use crate::error::BackendError;
 use crate::key::LockName;
@@ -280,7 +280,7 @@ impl Shared {
             match acked {
                 Ok(n) if n >= replicas as i64 => Ok(out),
                 other => {
-                    let _ = p.node.release(name, owner, false).await;
+                    let _ = p.node.release(name, owner, Wake::IfReleased).await;
                     let got = match other {
                         Ok(n) => format!("only {n} confirmed within {wait:?}"),
                         Err(e) => format!("WAIT failed: {e}"),
@@ -312,7 +312,7 @@ impl Backend for SentinelBackend {
         Box::pin(async move {
             let (name, owner) = (&name, &owner);
             shared
-                .on_primary(|p| async move { p.node.release(name, owner, false).await })
+                .on_primary(|p| async move { p.node.release(name, owner, Wake::IfReleased).await })
                 .await
         })
     }
