@@ -5,8 +5,8 @@
 -- 'r' if this released the lock, 'a' also when the lock is absent (Redlock:
 -- waiters may listen on a node where this owner's lock never landed), 'n'
 -- never (taking back a partial Redlock grant frees nothing).
--- Returns 1 released, 0 not this owner's (expired, deleted, or released by
--- an earlier send of this same release).
+-- Returns 1 released, 0 absent (expired, deleted, or released by an earlier
+-- send of this same release), -1 held by another owner.
 local cur = redis.call('get', KEYS[1])
 if cur == ARGV[1] then
   redis.call('del', KEYS[1])
@@ -15,7 +15,10 @@ if cur == ARGV[1] then
   end
   return 1
 end
-if cur == false and ARGV[3] == 'a' then
+if cur ~= false then
+  return -1
+end
+if ARGV[3] == 'a' then
   redis.call('publish', ARGV[2], '')
 end
 return 0

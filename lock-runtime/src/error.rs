@@ -114,9 +114,13 @@ impl LockError {
     }
 }
 
-/// The connection broke under the command: it may or may not have run.
+/// The connection broke under the command (it may or may not have run),
+/// or the cluster client has none to the node right now.
 pub(crate) fn connection_broke(e: &redis::RedisError) -> bool {
-    e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal()
+    e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.kind() == redis::ErrorKind::ClusterConnectionNotFound
 }
 
 /// A Redis error that a later try may not see.

@@ -92,6 +92,17 @@ impl Wakeups {
         }
     }
 
+    /// The channel was subscribed again after a reconnect: wake one waiter
+    /// if it was already listened on (not for a first subscription, whose
+    /// waiter tries again anyway).
+    pub(crate) fn resubscribed(&self, channel: &str) {
+        if let Some(slot) = self.slots.lock().unwrap().get(channel) {
+            if slot.ready {
+                slot.wake.notify_one();
+            }
+        }
+    }
+
     /// Stop being where waiters listen: wake them all to go elsewhere.
     pub(crate) fn retire(&self) {
         self.retired.store(true, Ordering::Release);

@@ -1,14 +1,53 @@
 //! Redis Cluster for tests: `redis-server --cluster-enabled yes` processes
-//! joined with `redis-cli --cluster create`.
+//! joined with `redis-cli --cluster create`, optionally each behind a
+//! [`Proxy`] that clients go through.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::proxy::Proxy;
 use crate::RedisServer;
 
 /// A cluster of real processes; stops when dropped.
 pub struct Cluster {
     pub nodes: Vec<RedisServer>,
+    /// The port each node announces to clients: its own, or its proxy's.
+    announced: Vec<u16>,
+}
+
+/// One cluster node on `port`, announcing `announce` as its client port if
+/// given.
+fn start_node(port: u16, announce: Option<u16>, node_timeout_ms: u64) -> RedisServer {
+    // The bus port is picked rather than left at port + 10000: that is past
+    // 65535 for about a sixth of the ports `free_port` hands out, and Redis
+    // then refuses to start.
+    let bus = std::iter::repeat_with(crate::free_port)
+        .find(|&b| b != port)
+        .unwrap()
+        .to_string();
+    let timeout = node_timeout_ms.to_string();
+    let mut args = vec![
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--cluster-enabled",
+        "yes",
+        "--cluster-node-timeout",
+        &timeout,
+        "--cluster-port",
+        &bus,
+    ];
+    let announce = announce.map(|p| p.to_string());
+    if let Some(p) = &announce {
+        args.extend([
+            "--cluster-announce-port",
+            p,
+            "--cluster-announce-bus-port",
+            &bus,
+        ]);
+    }
+    RedisServer::start_on(port, &args)
 }
 
 impl Cluster {
@@ -16,21 +55,49 @@ impl Cluster {
     /// `cluster-node-timeout` (how long before a silent primary is failed
     /// over).
     pub fn start(primaries: usize, replicas: usize, node_timeout_ms: u64) -> Cluster {
-        let timeout = node_timeout_ms.to_string();
         let nodes: Vec<RedisServer> = (0..primaries * (1 + replicas))
-            .map(|_| {
-                RedisServer::start_with(&[
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-node-timeout",
-                    &timeout,
-                ])
-            })
+            .map(|_| start_node(crate::free_port(), None, node_timeout_ms))
             .collect();
+        let announced = nodes.iter().map(RedisServer::port).collect();
+        Self::create(nodes, announced, primaries, replicas)
+    }
+
+    /// Like [`Cluster::start`], but every node is reached by clients through
+    /// its own fault proxy: each node announces its proxy's port, so
+    /// `CLUSTER SLOTS`/`NODES` and `MOVED`/`ASK` point clients at the
+    /// proxies. `proxies[i]` fronts `nodes[i]`; give clients
+    /// [`Cluster::proxy_urls`].
+    ///
+    /// The cluster bus stays direct, so a proxy fault cuts clients off
+    /// without the cluster failing the node over. Replicas dial their
+    /// primary at its announced address: replication goes through the
+    /// primary's proxy and suffers its faults too.
+    pub fn start_behind_proxies(
+        primaries: usize,
+        replicas: usize,
+        node_timeout_ms: u64,
+    ) -> (Cluster, Vec<Proxy>) {
+        let (nodes, proxies): (Vec<RedisServer>, Vec<Proxy>) = (0..primaries * (1 + replicas))
+            .map(|_| {
+                // The proxy first: the node must know the port to announce.
+                let port = crate::free_port();
+                let proxy = Proxy::start(port);
+                (start_node(port, Some(proxy.port()), node_timeout_ms), proxy)
+            })
+            .unzip();
+        let announced = proxies.iter().map(Proxy::port).collect();
+        let cluster = Self::create(nodes, announced, primaries, replicas);
+        (cluster, proxies)
+    }
+
+    /// Join started nodes into a cluster and wait until it serves every slot
+    /// and every replica is in sync.
+    fn create(
+        nodes: Vec<RedisServer>,
+        announced: Vec<u16>,
+        primaries: usize,
+        replicas: usize,
+    ) -> Cluster {
         let mut cmd = Command::new("redis-cli");
         cmd.arg("--cluster").arg("create");
         for n in &nodes {
@@ -46,18 +113,34 @@ impl Cluster {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        let cluster = Cluster { nodes };
+        let cluster = Cluster { nodes, announced };
         cluster.wait_ok(None, Duration::from_secs(20));
         cluster.wait_replicas_online(primaries * replicas, Duration::from_secs(20));
         cluster
     }
 
+    /// The nodes' own URLs, bypassing any proxy.
     pub fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(RedisServer::url).collect()
     }
 
-    /// Ports of the nodes that are primaries owning slots, as `node`
-    /// sees it.
+    /// The URLs the nodes announce, which clients should be given: the
+    /// proxies' for [`Cluster::start_behind_proxies`], else the nodes' own.
+    pub fn proxy_urls(&self) -> Vec<String> {
+        self.announced
+            .iter()
+            .map(|p| format!("redis://127.0.0.1:{p}"))
+            .collect()
+    }
+
+    /// The client port node `i` announces (its proxy's, if behind one).
+    pub fn announced_port(&self, i: usize) -> u16 {
+        self.announced[i]
+    }
+
+    /// Announced ports of the nodes that are primaries owning slots, as
+    /// `node` sees it (proxy ports behind proxies; map them back with
+    /// [`Cluster::index_of`]).
     pub fn primaries_seen_by(&self, node: usize) -> Vec<u16> {
         let text: String = self.nodes[node].cmd(&["CLUSTER", "NODES"]);
         text.lines()
@@ -72,11 +155,21 @@ impl Cluster {
             .collect()
     }
 
-    /// Index of the node listening on `port`.
+    /// Index of the node listening on `port`, or announcing it (so a proxy
+    /// port from `CLUSTER NODES` maps back to the node behind it).
     pub fn index_of(&self, port: u16) -> usize {
         self.nodes
             .iter()
             .position(|n| n.port() == port)
+            .unwrap_or_else(|| self.index_of_proxy(port))
+    }
+
+    /// Index of the node that announces `port`: behind proxies, the one
+    /// whose proxy listens there.
+    pub fn index_of_proxy(&self, port: u16) -> usize {
+        self.announced
+            .iter()
+            .position(|&p| p == port)
             .expect("no such node")
     }
 
@@ -186,7 +279,8 @@ impl Cluster {
     }
 
     /// Move some keys of a migrating slot now: clients asking `from` for
-    /// them get `ASK`.
+    /// them get `ASK`. The keys go node to node directly, never through a
+    /// proxy.
     pub fn migrate_keys(&self, from: usize, to: usize, keys: &[&str]) {
         let port = self.nodes[to].port().to_string();
         let mut args = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];

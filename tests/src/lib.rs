@@ -11,6 +11,7 @@ pub mod fenced;
 pub mod global;
 pub mod history;
 pub mod proxy;
+pub mod reply_loss;
 pub mod semantics;
 pub mod sentinel;
 
@@ -73,7 +74,12 @@ impl RedisServer {
 
     /// Start a server with extra `redis-server` arguments.
     pub fn start_with(extra: &[&str]) -> Self {
-        let port = free_port();
+        Self::start_on(free_port(), extra)
+    }
+
+    /// Like [`RedisServer::start_with`], on a port chosen beforehand (for
+    /// something that must know it first, such as a proxy in front).
+    pub fn start_on(port: u16, extra: &[&str]) -> Self {
         let dir = std::env::temp_dir().join(format!("lock-test-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
         let mut server = RedisServer {
@@ -127,6 +133,16 @@ impl RedisServer {
 
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// `GET key`, or `None` if the key is missing or this server will not
+    /// answer for it (a cluster node that does not own its slot).
+    pub fn try_get(&self, key: &str) -> Option<String> {
+        redis::cmd("GET")
+            .arg(key)
+            .query::<Option<String>>(&mut self.conn())
+            .ok()
+            .flatten()
     }
 
     /// A plain connection for looking at what Redis holds.

@@ -13,19 +13,23 @@
 //! | [`Mode::Refuse`] | closed | closed at once (as if Redis were down) |
 //!
 //! [`Proxy::cut`] closes every open connection once and leaves the mode as
-//! it is. The proxy runs on a thread and runtime of its own, so it keeps
+//! it is. [`Proxy::lose_reply_to`] arms a one-shot reply loss: the next
+//! command matching a pattern runs on Redis, but its reply is thrown away
+//! and the connection closed, so the client cannot know the outcome.
+//!
+//! The proxy runs on a thread and runtime of its own, so it keeps
 //! forwarding (and faulting) while the test's runtime is busy or blocked.
 
 use std::net::TcpListener as StdListener;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch, Notify};
 use tokio::time::Instant;
 
 /// What the proxy does to traffic; see the module docs.
@@ -47,6 +51,7 @@ pub struct ProxyStats {
     pub cut: u64,
     pub bytes_forwarded: u64,
     pub bytes_dropped: u64,
+    pub replies_lost: u64,
 }
 
 struct Shared {
@@ -59,6 +64,27 @@ struct Shared {
     cut: AtomicU64,
     forwarded: AtomicU64,
     dropped: AtomicU64,
+    /// The armed reply-loss pattern; taken (under the lock) by the one
+    /// connection it fires on.
+    lose: Mutex<Option<Vec<u8>>>,
+    lost: AtomicU64,
+}
+
+impl Shared {
+    /// Whether `chunk` fires the armed reply loss; disarms it if so, so
+    /// only one connection fires per arming.
+    fn take_loss(&self, chunk: &[u8]) -> bool {
+        let mut armed = self.lose.lock().unwrap();
+        let hit = match armed.as_deref() {
+            None => false,
+            Some([]) => true,
+            Some(p) => chunk.windows(p.len()).any(|w| w == p),
+        };
+        if hit {
+            *armed = None;
+        }
+        hit
+    }
 }
 
 /// A fault-injecting TCP proxy on `127.0.0.1`; stops when dropped.
@@ -85,6 +111,8 @@ impl Proxy {
             cut: AtomicU64::new(0),
             forwarded: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
+            lose: Mutex::new(None),
+            lost: AtomicU64::new(0),
         });
         let (stop, stopped) = oneshot::channel();
         let sh = shared.clone();
@@ -146,6 +174,39 @@ impl Proxy {
         self.shared.cuts.send_modify(|n| *n += 1);
     }
 
+    /// Arm a one-shot reply loss: the next request (client -> Redis bytes)
+    /// that contains `pattern` is forwarded to Redis; the next reply bytes
+    /// Redis sends back on that same connection after it (which prove the
+    /// command ran) are thrown away and that connection is closed in both
+    /// directions, so the client cannot know the outcome. Disarmed once it
+    /// fires.
+    ///
+    /// The match is a substring search in one chunk read from the client
+    /// (an empty pattern matches any chunk). With pipelined commands the
+    /// reply thrown away may be an earlier command's, read after the match
+    /// was forwarded; the matching command has run either way. A request
+    /// dropped by [`Mode::Drop`] does not fire. If the connection ends
+    /// before Redis answers, nothing is counted lost.
+    pub fn lose_reply_to(&self, pattern: &[u8]) {
+        *self.shared.lose.lock().unwrap() = Some(pattern.to_vec());
+    }
+
+    /// Disarm without firing.
+    pub fn disarm(&self) {
+        *self.shared.lose.lock().unwrap() = None;
+    }
+
+    /// Whether an armed loss is still waiting for its command.
+    pub fn armed(&self) -> bool {
+        self.shared.lose.lock().unwrap().is_some()
+    }
+
+    /// How many replies were thrown away by [`Proxy::lose_reply_to`] since
+    /// the proxy started.
+    pub fn replies_lost(&self) -> u64 {
+        self.shared.lost.load(Ordering::Relaxed)
+    }
+
     pub fn stats(&self) -> ProxyStats {
         let s = &self.shared;
         ProxyStats {
@@ -155,6 +216,7 @@ impl Proxy {
             cut: s.cut.load(Ordering::Relaxed),
             bytes_forwarded: s.forwarded.load(Ordering::Relaxed),
             bytes_dropped: s.dropped.load(Ordering::Relaxed),
+            replies_lost: s.lost.load(Ordering::Relaxed),
         }
     }
 }
@@ -206,6 +268,41 @@ impl Drop for OpenGuard {
     }
 }
 
+/// Reply-loss progress of one connection.
+const LOSS_NONE: u8 = 0;
+/// A request matched; it is queued for Redis.
+const LOSS_QUEUED: u8 = 1;
+/// The matching request was written to Redis: the next reply chunk read is
+/// thrown away.
+const LOSS_SENT: u8 = 2;
+
+/// What the two directions of one connection share.
+struct Conn {
+    poisoned: AtomicBool,
+    loss: AtomicU8,
+    /// Notified when a reply was lost: the connection closes at once.
+    closed: Notify,
+}
+
+impl Conn {
+    /// Whether `chunk`, about to be forwarded to Redis, fires the armed
+    /// reply loss; one pending loss per connection at most.
+    fn fires(&self, shared: &Shared, chunk: &[u8]) -> bool {
+        if self.loss.load(Ordering::SeqCst) != LOSS_NONE || !shared.take_loss(chunk) {
+            return false;
+        }
+        self.loss.store(LOSS_QUEUED, Ordering::SeqCst);
+        true
+    }
+}
+
+/// Which way a [`pipe`] carries bytes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Dir {
+    ToRedis,
+    ToClient,
+}
+
 async fn serve(client: TcpStream, upstream: u16, shared: Arc<Shared>) {
     shared.open.fetch_add(1, Ordering::Relaxed);
     let _open = OpenGuard(shared.clone());
@@ -223,10 +320,15 @@ async fn serve(client: TcpStream, upstream: u16, shared: Arc<Shared>) {
     let _ = up.set_nodelay(true);
     let (cr, cw) = client.into_split();
     let (ur, uw) = up.into_split();
-    let poisoned = Arc::new(AtomicBool::new(false));
+    let conn = Arc::new(Conn {
+        poisoned: AtomicBool::new(false),
+        loss: AtomicU8::new(LOSS_NONE),
+        closed: Notify::new(),
+    });
     tokio::select! {
-        _ = pipe(cr, uw, shared.clone(), poisoned.clone()) => {}
-        _ = pipe(ur, cw, shared.clone(), poisoned) => {}
+        _ = pipe(cr, uw, shared.clone(), conn.clone(), Dir::ToRedis) => {}
+        _ = pipe(ur, cw, shared.clone(), conn.clone(), Dir::ToClient) => {}
+        _ = conn.closed.notified() => {}
         _ = cuts.changed() => {}
     }
 }
@@ -235,16 +337,23 @@ async fn serve(client: TcpStream, upstream: u16, shared: Arc<Shared>) {
 /// writer that delivers each chunk at its due time, in order. Ends when the
 /// source closes (after delivering what it sent), the sink fails, or the
 /// stream lost bytes and the drop is over.
+///
+/// Reply loss relies on the proxy's runtime being single-threaded: the
+/// writer marks the matching request sent right after writing it, so a
+/// reply read that sees the mark was read after the request reached Redis.
 async fn pipe(
     mut from: OwnedReadHalf,
     mut to: OwnedWriteHalf,
     shared: Arc<Shared>,
-    poisoned: Arc<AtomicBool>,
+    conn: Arc<Conn>,
+    dir: Dir,
 ) {
-    let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+    // Each chunk: when it is due, its bytes, and whether it fires a loss.
+    let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, Vec<u8>, bool)>();
     let sh = shared.clone();
+    let c = conn.clone();
     let writer = async move {
-        while let Some((due, chunk)) = rx.recv().await {
+        while let Some((due, chunk, fires)) = rx.recv().await {
             // A timer rounds up to the next millisecond: only sleep if delayed.
             if due > Instant::now() {
                 tokio::time::sleep_until(due).await;
@@ -254,6 +363,9 @@ async fn pipe(
             }
             sh.forwarded
                 .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+            if fires {
+                c.loss.store(LOSS_SENT, Ordering::SeqCst);
+            }
         }
     };
     let reader = async move {
@@ -265,7 +377,7 @@ async fn pipe(
                 Ok(m) => *m,
                 Err(_) => return,
             };
-            if poisoned.load(Ordering::Relaxed) && mode != Mode::Drop {
+            if conn.poisoned.load(Ordering::Relaxed) && mode != Mode::Drop {
                 return;
             }
             let n = tokio::select! {
@@ -283,16 +395,25 @@ async fn pipe(
                     Err(_) => return,
                 };
             }
+            if dir == Dir::ToClient && conn.loss.load(Ordering::SeqCst) == LOSS_SENT {
+                // Redis answered the matching request: lose the answer and
+                // hang up both ways.
+                shared.lost.fetch_add(1, Ordering::Relaxed);
+                conn.closed.notify_one();
+                return;
+            }
             let chunk = buf[..n].to_vec();
             match mode {
                 Mode::Pass | Mode::Refuse | Mode::Blackhole => {
-                    let _ = tx.send((Instant::now(), chunk));
+                    let fires = dir == Dir::ToRedis && conn.fires(&shared, &chunk);
+                    let _ = tx.send((Instant::now(), chunk, fires));
                 }
                 Mode::Delay(d) => {
-                    let _ = tx.send((Instant::now() + d, chunk));
+                    let fires = dir == Dir::ToRedis && conn.fires(&shared, &chunk);
+                    let _ = tx.send((Instant::now() + d, chunk, fires));
                 }
                 Mode::Drop => {
-                    poisoned.store(true, Ordering::Relaxed);
+                    conn.poisoned.store(true, Ordering::Relaxed);
                     shared.dropped.fetch_add(n as u64, Ordering::Relaxed);
                 }
             }
@@ -403,5 +524,67 @@ mod tests {
             st.cut >= 2 && st.refused >= 1 && st.bytes_dropped >= 4,
             "{st:?}"
         );
+    }
+
+    fn redis_conn(p: &Proxy) -> redis::Connection {
+        let c = redis::Client::open(p.url()).unwrap();
+        c.get_connection_with_timeout(Duration::from_secs(5))
+            .unwrap()
+    }
+
+    fn incr(c: &mut redis::Connection, key: &str) -> redis::RedisResult<i64> {
+        c.set_read_timeout(Some(Duration::from_secs(5)))?;
+        redis::cmd("INCR").arg(key).query(c)
+    }
+
+    #[test]
+    fn lost_reply_ran_on_redis_but_the_client_cannot_tell() {
+        let server = crate::RedisServer::start();
+        let p = Proxy::for_server(&server);
+        let mut other = redis_conn(&p);
+        p.lose_reply_to(b"INCR");
+        assert!(p.armed());
+        let mut c = redis_conn(&p);
+        let r = incr(&mut c, "k");
+        assert!(r.is_err(), "the reply got through: {r:?}");
+        assert_eq!(server.cmd::<i64>(&["GET", "k"]), 1, "INCR did not run");
+        assert_eq!(p.replies_lost(), 1);
+        assert!(!p.armed());
+        // The connection is gone for good.
+        assert!(incr(&mut c, "k").is_err());
+        // Fired once: other connections, newer or older, are served as usual.
+        let mut c = redis_conn(&p);
+        assert_eq!(incr(&mut c, "k").unwrap(), 2);
+        assert_eq!(incr(&mut other, "k").unwrap(), 3);
+        assert_eq!(p.stats().replies_lost, 1);
+        assert_eq!(server.cmd::<i64>(&["GET", "k"]), 3);
+
+        // Delayed, the matching request waits in the proxy's queue: the
+        // loss waits for the reply that follows it, not one before.
+        p.set(Mode::Delay(Duration::from_millis(100)));
+        p.lose_reply_to(b"INCR");
+        assert!(incr(&mut c, "k").is_err());
+        assert_eq!(server.cmd::<i64>(&["GET", "k"]), 4);
+        assert_eq!(p.replies_lost(), 2);
+    }
+
+    #[test]
+    fn armed_pattern_that_never_comes_disturbs_nothing() {
+        let server = crate::RedisServer::start();
+        let p = Proxy::for_server(&server);
+        p.lose_reply_to(b"NEVER-SENT");
+        let mut c = redis_conn(&p);
+        for i in 1..=5 {
+            assert_eq!(incr(&mut c, "n").unwrap(), i);
+        }
+        let _: () = redis::cmd("SET").arg("s").arg("v").query(&mut c).unwrap();
+        let v: String = redis::cmd("GET").arg("s").query(&mut c).unwrap();
+        assert_eq!(v, "v");
+        assert!(p.armed());
+        assert_eq!(p.replies_lost(), 0);
+        p.disarm();
+        assert!(!p.armed());
+        assert_eq!(incr(&mut c, "n").unwrap(), 6);
+        assert_eq!(p.stats().replies_lost, 0);
     }
 }

@@ -108,9 +108,15 @@ pub struct Sentinels {
 
 impl Sentinels {
     pub fn start(n: usize, master: &str, primary: &RedisServer, timing: Timing) -> Sentinels {
+        Self::start_at(n, master, primary.port(), timing)
+    }
+
+    /// Sentinels that know the primary by `port` (a proxy in front of it,
+    /// which they then hand to clients).
+    pub fn start_at(n: usize, master: &str, port: u16, timing: Timing) -> Sentinels {
         Sentinels {
             sentinels: (0..n)
-                .map(|_| Sentinel::start(master, primary.port(), timing))
+                .map(|_| Sentinel::start(master, port, timing))
                 .collect(),
             master: master.to_owned(),
         }

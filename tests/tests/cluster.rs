@@ -357,3 +357,101 @@ async fn slot_migration_while_held_follows_ask_and_moved() {
     assert!(again.fence() > fence, "{} after {fence}", again.fence());
     again.release().await.unwrap();
 }
+
+/// Ports in a `CLUSTER SLOTS` reply: every node serving a range.
+fn slot_ports(reply: &redis::Value) -> Vec<u16> {
+    let redis::Value::Array(ranges) = reply else {
+        panic!("CLUSTER SLOTS: {reply:?}")
+    };
+    let mut ports = Vec::new();
+    for range in ranges {
+        let redis::Value::Array(fields) = range else {
+            panic!("slot range: {range:?}")
+        };
+        for node in &fields[2..] {
+            match node {
+                redis::Value::Array(n) => match n[1] {
+                    redis::Value::Int(p) => ports.push(p as u16),
+                    ref v => panic!("port: {v:?}"),
+                },
+                v => panic!("slot node: {v:?}"),
+            }
+        }
+    }
+    ports
+}
+
+/// Clients reach a cluster only through its nodes' proxies: what the nodes
+/// announce are proxy ports, and locks on keys all over the slots go
+/// through every primary's proxy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_behind_proxies_smoke() {
+    tests::init_tracing();
+    let (cluster, proxies) = Cluster::start_behind_proxies(3, 1, 2000);
+    let proxy_ports: Vec<u16> = proxies.iter().map(|p| p.port()).collect();
+    // Replicas show in CLUSTER SLOTS only once gossip carried their
+    // replication offset; the primaries are there at once.
+    let slots: redis::Value = cluster.nodes[0].cmd(&["CLUSTER", "SLOTS"]);
+    let announced = slot_ports(&slots);
+    assert!(announced.len() >= 3, "{slots:?}");
+    assert!(
+        announced.iter().all(|p| proxy_ports.contains(p)),
+        "announced {announced:?}, proxies {proxy_ports:?}"
+    );
+    let nodes: String = cluster.nodes[0].cmd(&["CLUSTER", "NODES"]);
+    for line in nodes.lines() {
+        let addr = line.split(' ').nth(1).unwrap();
+        let port: u16 = addr
+            .split('@')
+            .next()
+            .unwrap()
+            .rsplit(':')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(proxy_ports.contains(&port), "{line}");
+    }
+    // Replicas dial their primary at its announced address: through its proxy.
+    for (i, node) in cluster.nodes.iter().enumerate() {
+        let info: String = node.cmd(&["INFO", "replication"]);
+        if let Some(port) = info.lines().find_map(|l| l.strip_prefix("master_port:")) {
+            let port: u16 = port.trim().parse().unwrap();
+            assert!(
+                proxy_ports.contains(&port),
+                "node {i} replicates from {port}"
+            );
+        }
+    }
+    let primaries: Vec<usize> = cluster
+        .primaries_seen_by(0)
+        .into_iter()
+        .map(|port| cluster.index_of_proxy(port))
+        .collect();
+    assert_eq!(primaries.len(), 3);
+    let before: Vec<_> = proxies.iter().map(|p| p.stats()).collect();
+
+    let client = builder().cluster(cluster.proxy_urls()).await.unwrap();
+    let base = unique("proxied");
+    for i in 0..12 {
+        let key = format!("{base}:{i}");
+        let g = client.lock(&key).await.unwrap();
+        g.release().await.unwrap();
+        // slot_owner reads proxy ports from CLUSTER NODES and maps them back.
+        let fence = format!("lock:{{{key}}}:fence");
+        let owner = cluster.slot_owner(tests::cluster::key_slot(&fence));
+        assert!(
+            cluster.nodes[owner].exists(&fence),
+            "{fence} not on node {owner}"
+        );
+    }
+    for i in primaries {
+        let (now, then) = (proxies[i].stats(), before[i]);
+        assert!(
+            now.accepted > then.accepted && now.bytes_forwarded > then.bytes_forwarded,
+            "no client traffic through node {i}'s proxy: {then:?} -> {now:?}"
+        );
+        let fences = cluster.nodes[i].keys(&format!("lock:{{{base}:*"));
+        assert!(!fences.is_empty(), "no key landed on primary {i}");
+    }
+}

@@ -302,8 +302,10 @@ impl RedisNode {
             .await?;
         Ok(match freed {
             1 => Released::Freed,
-            // An earlier send whose reply was lost may have deleted it.
-            _ if repeated => Released::Freed,
+            // Absent: an earlier send whose reply was lost may have deleted
+            // it. The cluster client re-sends a command whose connection
+            // broke on its own, so there any absence may be that.
+            0 if repeated || matches!(self.conn, Conn::Cluster(_)) => Released::Freed,
             _ => Released::NotOwner,
         })
     }
@@ -518,6 +520,16 @@ impl SubInner {
                         }
                         // Messages may have been missed: let every waiter retry.
                         PushKind::Disconnection => wakeups.notify_all(),
+                        // Subscribed again after a reconnect: a release
+                        // published in between was missed, so one waiter
+                        // retries now rather than at its fallback.
+                        PushKind::Subscribe => {
+                            if let Some(Value::BulkString(ch)) = info.data.first() {
+                                if let Ok(ch) = std::str::from_utf8(ch) {
+                                    wakeups.resubscribed(ch);
+                                }
+                            }
+                        }
                         _ => {}
                     }
                     Ok::<(), ()>(())
