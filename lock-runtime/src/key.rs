@@ -4,7 +4,7 @@ use crate::LockError;
 
 /// The Redis names that belong to one user key.
 ///
-/// The user's key sits inside a hash tag so that the lock hash, the fence
+/// The user's key sits inside a hash tag so that the lock, the fence
 /// counter and the wake-up channel share one Redis Cluster slot. Shared
 /// behind one `Arc`: the watchdog copies the names of every held lock on
 /// each tick.
@@ -15,7 +15,7 @@ pub(crate) struct LockName(Arc<Names>);
 pub(crate) struct Names {
     /// The key the user asked for (without prefix).
     pub(crate) key: Arc<str>,
-    /// `prefix{key}`: the hash mapping holder id to reentry count.
+    /// `prefix{key}`: the lock, holding its owner id.
     pub(crate) hash: Arc<str>,
     /// `prefix{key}:fence`: the fencing counter, never expired.
     pub(crate) fence: Arc<str>,

@@ -35,17 +35,27 @@
 //! a held one. `docs/DEPLOYMENTS.md` compares them.
 //!
 //! # What Redis holds
-//! A held lock is a hash `lock:{key}` mapping holder id to reentry count,
-//! with the lease as its expiry. Beside it, in the same cluster slot, the
-//! string `lock:{key}:fence` counts acquisitions (the fencing token), and
-//! releases are published on `lock:{key}:released`. After a release only the
-//! fence counter remains.
+//! A held lock is the string `lock:{key}` holding the owner id of the one
+//! acquisition that holds it, with the lease as its expiry. Beside it, in
+//! the same cluster slot, the string `lock:{key}:fence` keeps the last
+//! fencing token handed out, and releases are published on
+//! `lock:{key}:released`. After a release only the fence counter remains.
+//!
+//! # Lost replies and dropped connections
+//! Owner ids are unique per acquisition and every lock script is idempotent,
+//! so a command whose connection broke is simply sent again: a repeated
+//! acquire is answered with the grant it already made, a repeated release
+//! finds the lock gone. A lock call with `wait` left rides out reconnects;
+//! an attempt whose answer never came is taken back.
 //!
 //! # Fencing
 //! A lease can run out under a holder that is paused (GC, swap, a stopped
 //! VM) without the holder noticing in time. Locks alone cannot prevent the
 //! overlap; fencing tokens can. Each fresh acquisition gets a token from a
-//! per-key counter that only grows. Send [`current_fence`] (or
+//! per-key counter that only grows and never falls below the server clock in
+//! microseconds, so tokens keep increasing also when Redis loses the counter
+//! (a failover to a lagging replica, a restart without persistence). Send
+//! [`current_fence`] (or
 //! [`LockGuard::fence`]) along with every write, and let the store reject a
 //! write whose token is lower than the highest it has accepted.
 //!
@@ -54,6 +64,8 @@
 //! call opens a task-local scope, and annotated calls (or `client.lock`)
 //! awaited inside it on a key it holds re-enter. A spawned task is another
 //! holder. Futures joined concurrently inside one body share the holder.
+//! Reentry is counted in the process: it costs no round trip and hands back
+//! exactly the outer token.
 #![deny(missing_docs)]
 
 mod backend;

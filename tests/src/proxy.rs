@@ -67,6 +67,8 @@ struct Shared {
     /// The armed reply-loss pattern; taken (under the lock) by the one
     /// connection it fires on.
     lose: Mutex<Option<Vec<u8>>>,
+    /// The mode to switch to when the armed loss fires.
+    then: Mutex<Option<Mode>>,
     lost: AtomicU64,
 }
 
@@ -112,6 +114,7 @@ impl Proxy {
             forwarded: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
             lose: Mutex::new(None),
+            then: Mutex::new(None),
             lost: AtomicU64::new(0),
         });
         let (stop, stopped) = oneshot::channel();
@@ -191,9 +194,18 @@ impl Proxy {
         *self.shared.lose.lock().unwrap() = Some(pattern.to_vec());
     }
 
+    /// Like [`Proxy::lose_reply_to`], and once the reply is lost the proxy
+    /// switches to `mode` (`Mode::Refuse`: the client cannot reconnect to
+    /// learn the outcome either).
+    pub fn lose_reply_to_then(&self, pattern: &[u8], mode: Mode) {
+        *self.shared.then.lock().unwrap() = Some(mode);
+        self.lose_reply_to(pattern);
+    }
+
     /// Disarm without firing.
     pub fn disarm(&self) {
         *self.shared.lose.lock().unwrap() = None;
+        *self.shared.then.lock().unwrap() = None;
     }
 
     /// Whether an armed loss is still waiting for its command.
@@ -399,6 +411,9 @@ async fn pipe(
                 // Redis answered the matching request: lose the answer and
                 // hang up both ways.
                 shared.lost.fetch_add(1, Ordering::Relaxed);
+                if let Some(next) = shared.then.lock().unwrap().take() {
+                    shared.mode.send_replace(next);
+                }
                 conn.closed.notify_one();
                 return;
             }

@@ -113,6 +113,26 @@ impl Target<'_> {
     }
 }
 
+/// Why a run failed: a check, or the lock call that the annotated scope
+/// itself made.
+#[derive(Debug)]
+enum Failure {
+    Check(String),
+    Lock(LockError),
+}
+
+impl From<LockError> for Failure {
+    fn from(e: LockError) -> Self {
+        Failure::Lock(e)
+    }
+}
+
+impl From<String> for Failure {
+    fn from(e: String) -> Self {
+        Failure::Check(e)
+    }
+}
+
 fn check(ok: bool, what: impl FnOnce() -> String) -> Result<(), String> {
     if ok {
         Ok(())
@@ -131,12 +151,9 @@ async fn in_scope(
     key: &str,
     rows: &mut Vec<Row>,
     tokens: &mut Vec<u64>,
-) -> Result<(), LockError> {
+) -> Result<(), Failure> {
     let t = target;
-    let other = |e: String| LockError::InvalidKey {
-        key: key.to_owned(),
-        reason: e,
-    };
+    let other = Failure::Check;
 
     // Fresh acquire: the grant's reply is lost.
     let before = t.arm(&acquire_sha());
@@ -247,7 +264,10 @@ pub async fn run(
     let mut rows = Vec::new();
     in_scope(&crate::unique("scope"), target, key, &mut rows, tokens)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| match e {
+            Failure::Check(why) => why,
+            Failure::Lock(e) => format!("{}: the scope's own lock: {e}", target.name),
+        })?;
     let t = target;
 
     // A renewal tick whose reply is lost: the lock stays held and renewed.

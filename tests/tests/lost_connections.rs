@@ -300,19 +300,21 @@ async fn an_unanswered_attempt_is_taken_back_after_the_client_is_dropped() {
     let server = RedisServer::start();
     let proxy = Proxy::for_server(&server);
     let client = LockClient::builder()
-        .op_timeout(Duration::from_millis(300))
+        .op_timeout(Duration::from_secs(1))
         .connect(&proxy.url())
         .await
         .unwrap();
     let key = unique("unsure");
-    proxy.set(Mode::Blackhole);
+    let name = format!("lock:{{{key}}}");
+    // The acquire runs, its reply is lost, and the client cannot reconnect
+    // to ask again: the attempt fails with the lock taken in Redis.
+    proxy.lose_reply_to_then(&tests::reply_loss::acquire_sha(), Mode::Refuse);
     let err = client.lock(&key).await.unwrap_err();
     assert!(matches!(err, LockError::Backend(_)), "{err:?}");
+    assert!(server.exists(&name), "the acquire did not run");
     drop(client);
-    // The acquire was held in the network; now it reaches Redis, and so
-    // must the release that takes it back.
+    tokio::time::sleep(Duration::from_millis(100)).await;
     proxy.set(Mode::Pass);
-    let name = format!("lock:{{{key}}}");
     assert!(
         eventually(Duration::from_secs(3), || !server.exists(&name)).await,
         "the unanswered attempt left {name} (pttl {})",

@@ -161,8 +161,29 @@ async fn lock_loss_on_failover_with_and_without_replica_acks() {
         g.release().await.unwrap();
     }
 
+    // A key whose fence counter the replica has, before the stall.
+    let tok_key = unique("tok");
+    let first = plain.lock(&tok_key).await.unwrap();
+    let counter = format!("{}:fence", hash(&tok_key));
+    let replicated = first.fence().to_string();
+    first.release().await.unwrap();
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            replica.cmd::<Option<String>>(&["GET", &counter]).as_deref() == Some(&*replicated)
+        })
+        .await,
+        "the fence counter never reached the replica"
+    );
+
     // Replication stalls: the primary still grants, the replica never hears.
     link.set(Mode::Drop);
+    // Tokens handed out now are lost to the replica's counter.
+    let mut stalled_tokens = Vec::new();
+    for _ in 0..5 {
+        let g = plain.lock(&tok_key).await.unwrap();
+        stalled_tokens.push(g.fence());
+        g.release().await.unwrap();
+    }
     let mut exposed = Vec::new();
     for _ in 0..20 {
         exposed.push(
@@ -197,6 +218,21 @@ async fn lock_loss_on_failover_with_and_without_replica_acks() {
     let new = sentinels.wait_failover(old, Duration::from_secs(70));
     let failover = killed.elapsed();
     assert_eq!(new, replica.port());
+
+    // The promoted replica's counter is behind the tokens handed out during
+    // the stall; its tokens must still be above every one of them.
+    let after = plain
+        .lock(&tok_key)
+        .wait(Duration::from_secs(20))
+        .await
+        .expect("lock on the new primary");
+    let highest = *stalled_tokens.iter().max().unwrap();
+    assert!(
+        after.fence() > highest,
+        "token {} after the failover, {highest} handed out before it ({stalled_tokens:?})",
+        after.fence()
+    );
+    after.release().await.unwrap();
 
     // Locks granted while replication stalled are gone from the new primary;
     // every holder must be told.

@@ -103,7 +103,39 @@ impl RedisNode {
             settings,
         };
         node.load_scripts().await?;
+        node.warn_if_evicting().await;
         Ok(node)
+    }
+
+    /// Eviction is the one way Redis deletes a lock or a fence counter
+    /// without being asked: say so at start-up. Best effort (managed Redis
+    /// often refuses `CONFIG`).
+    async fn warn_if_evicting(&self) {
+        let mut cmd = redis::cmd("CONFIG");
+        cmd.arg("GET").arg("maxmemory-policy");
+        let Ok(reply) = self
+            .command::<Vec<String>>(cmd, "reading maxmemory-policy")
+            .await
+        else {
+            return;
+        };
+        let Some(policy) = reply.get(1) else {
+            return;
+        };
+        if policy.starts_with("allkeys") || policy.starts_with("volatile") {
+            tracing::warn!(
+                redis = %self.addr,
+                policy = %policy,
+                "Redis may evict keys under memory pressure: a held lock can vanish (its holder \
+                 learns at the next renewal){} Use `maxmemory-policy noeviction` for lock data.",
+                if policy.starts_with("allkeys") {
+                    ", and a fence counter can be evicted (tokens then restart at the server clock, \
+                     still above earlier ones unless the clock stepped back)."
+                } else {
+                    "."
+                }
+            );
+        }
     }
 
     /// Connect to a Redis Cluster through any of its nodes. Scripts are not
