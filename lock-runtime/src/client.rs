@@ -303,6 +303,7 @@ impl LockClient {
     ) -> Result<Attempt, LockError> {
         let client = self.clone();
         let (name, owner) = (name.clone(), owner.clone());
+        let cleanup = (name.clone(), owner.clone());
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.inner.io.spawn(async move {
             let sent_at = Instant::now();
@@ -320,8 +321,13 @@ impl LockClient {
                 }
                 Err(e) => Err(e),
             };
-            // If the caller is gone, `out` (and any guard in it) drops here.
-            let _ = tx.send(out);
+            // If the caller is gone, `out` (and any guard in it) drops here;
+            // an attempt that may have taken the lock unseen is taken back.
+            if let Err(Err(e)) = tx.send(out) {
+                if e.is_transient() {
+                    client.release_in_background(cleanup.0, cleanup.1);
+                }
+            }
         });
         rx.await.unwrap_or_else(|_| Err(LockError::shutdown()))
     }

@@ -321,3 +321,34 @@ async fn an_unanswered_attempt_is_taken_back_after_the_client_is_dropped() {
         server.cmd::<i64>(&["PTTL", &name])
     );
 }
+
+/// A release whose reply is lost is sent again; by then a waiter may hold
+/// the lock. That is the release having worked, not a lost lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_sent_again_after_a_waiter_took_the_lock_is_not_a_loss() {
+    let server = RedisServer::start();
+    let proxy = Proxy::for_server(&server);
+    let holder = LockClient::connect(&proxy.url()).await.unwrap();
+    let waiting = LockClient::connect(&server.url()).await.unwrap();
+    let key = unique("handed");
+    let held = holder.lock(&key).await.unwrap();
+    let (w, k) = (waiting.clone(), key.clone());
+    let waiter = tokio::spawn(async move { w.lock(&k).wait(Duration::from_secs(10)).await });
+    assert!(eventually(Duration::from_secs(5), || waiting.waiting(&key) == 1).await);
+    // The release runs and wakes the waiter; its reply is lost, and the
+    // holder's way back to Redis is slow, so the waiter wins the race.
+    proxy.lose_reply_to_then(
+        &tests::reply_loss::release_sha(),
+        Mode::Delay(Duration::from_millis(100)),
+    );
+    held.release()
+        .await
+        .expect("a release that ran is not a lost lock");
+    assert_eq!(proxy.replies_lost(), 1);
+    let g = waiter.await.unwrap().unwrap();
+    assert_eq!(
+        server.try_get(&format!("lock:{{{key}}}")).as_deref(),
+        Some(g.holder())
+    );
+    g.release().await.unwrap();
+}

@@ -334,10 +334,13 @@ impl RedisNode {
             .await?;
         Ok(match freed {
             1 => Released::Freed,
-            // Absent: an earlier send whose reply was lost may have deleted
-            // it. The cluster client re-sends a command whose connection
-            // broke on its own, so there any absence may be that.
-            0 if repeated || matches!(self.conn, Conn::Cluster(_)) => Released::Freed,
+            // An earlier send whose reply was lost may have released it, and
+            // a waiter may have taken it since: nothing here says it was
+            // lost before.
+            _ if repeated => Released::Freed,
+            // The cluster client re-sends a command whose connection broke
+            // on its own, so there an absent lock may be that too.
+            0 if matches!(self.conn, Conn::Cluster(_)) => Released::Freed,
             _ => Released::NotOwner,
         })
     }
