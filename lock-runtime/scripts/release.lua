@@ -7,8 +7,12 @@
 -- never (taking back a partial Redlock grant frees nothing).
 -- Returns 1 released, 0 absent (expired, deleted, or released by an earlier
 -- send of this same release), -1 held by another owner.
-local cur = redis.call('get', KEYS[1])
-if cur == ARGV[1] then
+local cur = redis.pcall('get', KEYS[1])
+if cur ~= false and type(cur) ~= 'string' then
+  -- Not a lock of this layout (an error reply): never this owner's.
+  cur = '?'
+end
+if cur ~= false and string.sub(cur, 1, #ARGV[1] + 1) == ARGV[1] .. ' ' then
   redis.call('del', KEYS[1])
   if ARGV[3] ~= 'n' then
     redis.call('publish', ARGV[2], '')

@@ -94,6 +94,8 @@ impl Config {
 pub(crate) enum Attempt {
     Held(LockGuard),
     Busy(Option<Duration>),
+    /// Granted too late to use; being taken back.
+    Late(LockError),
 }
 
 impl std::fmt::Debug for LockClient {
@@ -290,15 +292,13 @@ impl LockClient {
     /// the caller is dropped: a lock granted to a caller that went away is
     /// handed to a guard nobody holds, whose drop releases it at once.
     ///
-    /// `since`: when an earlier attempt of this acquisition whose outcome is
-    /// unknown was sent. A grant that turns out to be that one's counts its
-    /// lease from then.
+    /// A `Repeated` grant (an earlier send of this owner's ran) counts its
+    /// lease from this send too: the script set the lease again.
     pub(crate) async fn attempt(
         &self,
         name: &LockName,
         owner: &Arc<str>,
         lease: Duration,
-        since: Option<Instant>,
         scope: Option<Arc<Scope>>,
     ) -> Result<Attempt, LockError> {
         let client = self.clone();
@@ -310,14 +310,8 @@ impl LockClient {
             let inner = &client.inner;
             let out = match inner.backend.acquire(&name, &owner, lease).await {
                 Ok(Acquired::Busy { ttl }) => Ok(Attempt::Busy(ttl)),
-                Ok(Acquired::Fresh { fence }) => {
+                Ok(Acquired::Fresh { fence } | Acquired::Repeated { fence }) => {
                     client.granted(name, owner, lease, fence, sent_at, scope)
-                }
-                // An earlier send of this acquisition ran: its grant counts
-                // from then.
-                Ok(Acquired::Repeated { fence }) => {
-                    let at = since.unwrap_or(sent_at);
-                    client.granted(name, owner, lease, fence, at, scope)
                 }
                 Err(e) => Err(e),
             };
@@ -353,8 +347,10 @@ impl LockClient {
                 ),
                 lease,
             );
+            // Taken back in the background: this owner id is spent, and a
+            // later attempt must use another (its grant would be deleted).
             self.release_in_background(name, owner);
-            return Err(err);
+            return Ok(Attempt::Late(err));
         }
         let held = inner.watchdog.hold(
             &inner.io,

@@ -123,6 +123,20 @@ pub(crate) fn connection_broke(e: &redis::RedisError) -> bool {
         || e.kind() == redis::ErrorKind::ClusterConnectionNotFound
 }
 
+/// Whether the command behind `e` may have run on Redis: its connection
+/// broke after it was (maybe) sent, or no answer came in time. A refused
+/// connection or a cluster with no connection to the node never sent it.
+pub(crate) fn may_have_run(e: &LockError) -> bool {
+    match e {
+        LockError::Backend(BackendError::Redis { source, .. }) => {
+            (source.is_io_error() || source.is_connection_dropped() || source.is_timeout())
+                && !source.is_connection_refusal()
+        }
+        LockError::Backend(BackendError::Timeout { .. }) => true,
+        _ => false,
+    }
+}
+
 /// A Redis error that a later try may not see.
 pub(crate) fn transient(e: &redis::RedisError) -> bool {
     use redis::{ErrorKind, ServerErrorKind};

@@ -76,7 +76,9 @@ impl LockRequest {
         }
         // Unique to this acquisition: a repeated send is recognised, and a
         // clean-up can never touch another hold.
-        let owner: Arc<str> = format!("{}:{}", client.inner.id, scope::next_holder()).into();
+        let new_owner =
+            || -> Arc<str> { format!("{}:{}", client.inner.id, scope::next_holder()).into() };
+        let mut owner = new_owner();
         let started = Instant::now();
         // A huge wait means "as long as it takes".
         let deadline = started.checked_add(wait).unwrap_or(started + MAX_LEASE);
@@ -84,18 +86,15 @@ impl LockRequest {
             client: client.clone(),
             name: name.clone(),
             owner: owner.clone(),
-            since: None,
+            pending: false,
         };
         let mut waiter: Option<Waiter> = None;
         let mut failures = 0u32;
         loop {
-            let tried_at = Instant::now();
-            let out = client
-                .attempt(&name, &owner, lease, unsure.since, scope.clone())
-                .await;
+            let out = client.attempt(&name, &owner, lease, scope.clone()).await;
             let ttl = match out {
                 Ok(Attempt::Held(guard)) => {
-                    unsure.since = None;
+                    unsure.pending = false;
                     if let Some(w) = waiter.as_mut() {
                         w.consumed();
                     }
@@ -109,18 +108,32 @@ impl LockRequest {
                 }
                 Ok(Attempt::Busy(ttl)) => {
                     // Someone else holds it: no earlier attempt of ours does.
-                    unsure.since = None;
+                    unsure.pending = false;
                     if let Some(w) = waiter.as_mut() {
                         w.consumed();
                     }
                     failures = 0;
                     ttl
                 }
+                Ok(Attempt::Late(e)) => {
+                    // Being taken back under this owner id: go on with a new
+                    // one, which that release cannot touch.
+                    unsure.pending = false;
+                    owner = new_owner();
+                    unsure.owner = owner.clone();
+                    failures += 1;
+                    let pause = backoff(failures, cfg.retry_delay);
+                    if Instant::now() + pause >= deadline {
+                        return Err(e);
+                    }
+                    client.sleep(pause).await;
+                    continue;
+                }
                 Err(e) if e.is_transient() => {
                     // The attempt may have run: the next one (same owner) is
                     // answered `Repeated` if it did, and if this request ends
                     // first, `unsure` takes it back.
-                    unsure.since.get_or_insert(tried_at);
+                    unsure.pending = true;
                     failures += 1;
                     let pause = backoff(failures, cfg.retry_delay);
                     let now = Instant::now();
@@ -229,13 +242,13 @@ struct Unsure {
     client: LockClient,
     name: LockName,
     owner: Arc<str>,
-    /// When the first such attempt was sent.
-    since: Option<Instant>,
+    /// An attempt of `owner` may have taken the lock unseen.
+    pending: bool,
 }
 
 impl Drop for Unsure {
     fn drop(&mut self) {
-        if self.since.is_some() {
+        if self.pending {
             self.client
                 .release_in_background(self.name.clone(), self.owner.clone());
         }

@@ -67,15 +67,19 @@ impl Scope {
         }
     }
 
-    /// A fresh grant joins the scope (unless a scope-mate's grant of the
-    /// same key is already there; then it stays a lone guard).
+    /// A fresh grant joins the scope. If a scope-mate's grant of the same
+    /// key is there and still held, the new one stays a lone guard; a lost
+    /// one is replaced (its guards then each count as the last of theirs).
     pub(crate) fn insert(&self, client: &Arc<str>, hold: &Arc<Hold>) {
         let key = (client.clone(), hold.name.hash.clone());
-        self.held
-            .lock()
-            .unwrap()
-            .entry(key)
-            .or_insert_with(|| (hold.clone(), 1));
+        let mut held = self.held.lock().unwrap();
+        match held.get(&key) {
+            Some((h, _)) if !h.is_lost() => {}
+            _ => {
+                held.insert(key, (hold.clone(), 1));
+            }
+        }
+        drop(held);
         self.joined.notify_waiters();
     }
 

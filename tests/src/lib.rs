@@ -145,6 +145,12 @@ impl RedisServer {
             .flatten()
     }
 
+    /// The owner id in the lock `name` (which holds `"<owner> <token>"`), or
+    /// `None` if there is no lock there.
+    pub fn owner_of(&self, name: &str) -> Option<String> {
+        self.try_get(name).map(|v| owner_in(&v).to_owned())
+    }
+
     /// A plain connection for looking at what Redis holds.
     pub fn conn(&self) -> redis::Connection {
         redis::Client::open(self.url())
@@ -245,6 +251,11 @@ impl Drop for RedisServer {
         self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// The owner id in a lock's value, `"<owner> <token>"`.
+pub fn owner_in(value: &str) -> &str {
+    value.split(' ').next().unwrap_or_default()
 }
 
 /// Wait for a condition that should become true soon; false on time-out.

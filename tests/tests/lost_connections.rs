@@ -347,8 +347,34 @@ async fn a_release_sent_again_after_a_waiter_took_the_lock_is_not_a_loss() {
     assert_eq!(proxy.replies_lost(), 1);
     let g = waiter.await.unwrap().unwrap();
     assert_eq!(
-        server.try_get(&format!("lock:{{{key}}}")).as_deref(),
+        server.owner_of(&format!("lock:{{{key}}}")).as_deref(),
         Some(g.holder())
     );
     g.release().await.unwrap();
+}
+
+/// One lock name taken over by a key of another type (an older layout's
+/// lock, foreign data) is that lock lost; it must not fail the renewal of
+/// the other locks in the same batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_key_fails_only_its_own_renewal() {
+    let server = RedisServer::start();
+    let client = LockClient::connect(&server.url()).await.unwrap();
+    let lease = Duration::from_millis(900);
+    let (a, b) = (unique("kept"), unique("taken"));
+    let kept = client.lock(&a).lease(lease).await.unwrap();
+    let taken = client.lock(&b).lease(lease).await.unwrap();
+    let name = format!("lock:{{{b}}}");
+    let _: i64 = server.cmd(&["DEL", &name]);
+    let _: i64 = server.cmd(&["HSET", &name, "someone", "1"]);
+    tokio::time::timeout(Duration::from_secs(5), taken.lost())
+        .await
+        .expect("the taken-over lock was not reported lost");
+    tokio::time::sleep(lease * 2).await;
+    assert!(
+        !kept.is_lost(),
+        "a foreign key in the batch failed every renewal"
+    );
+    kept.release().await.unwrap();
+    assert!(matches!(taken.release().await, Err(LockError::Lost { .. })));
 }

@@ -136,8 +136,8 @@ async fn redis_layout_owner_fence_and_cleanup() {
         .await
         .unwrap();
     assert_eq!(server.cmd::<String>(&["TYPE", &hash]), "string");
-    let owner: String = server.cmd(&["GET", &hash]);
-    assert_eq!(owner, guard.holder());
+    let value: String = server.cmd(&["GET", &hash]);
+    assert_eq!(value, format!("{} {}", guard.holder(), guard.fence()));
     assert!(guard.holder().starts_with(client.id()));
     let pttl: i64 = server.cmd(&["PTTL", &hash]);
     assert!(

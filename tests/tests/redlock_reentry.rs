@@ -13,7 +13,7 @@ fn name(key: &str) -> String {
 }
 
 fn owner_on(node: &RedisServer, key: &str) -> Option<String> {
-    node.cmd(&["GET", &name(key)])
+    node.owner_of(&name(key))
 }
 
 #[distributed_lock(key = "{key}", lease = "5s")]

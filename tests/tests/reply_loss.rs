@@ -66,7 +66,7 @@ async fn one_redis() {
         client,
         rival,
         proxies: vec![&proxy],
-        owners: Box::new(|k| vec![server.try_get(k)]),
+        owners: Box::new(|k| vec![server.owner_of(k)]),
         quorum: 1,
     };
     run_rounds(&target).await;
@@ -89,7 +89,7 @@ async fn redlock() {
         client,
         rival,
         proxies: proxies.iter().collect(),
-        owners: Box::new(|k| nodes.iter().map(|n| n.try_get(k)).collect()),
+        owners: Box::new(|k| nodes.iter().map(|n| n.owner_of(k)).collect()),
         quorum: 2,
     };
     run_rounds(&target).await;
@@ -115,7 +115,7 @@ async fn sentinel() {
         client,
         rival,
         proxies: vec![&proxy],
-        owners: Box::new(|k| vec![primary.try_get(k)]),
+        owners: Box::new(|k| vec![primary.owner_of(k)]),
         quorum: 1,
     };
     run_rounds(&target).await;
@@ -132,7 +132,7 @@ async fn cluster() {
         client,
         rival,
         proxies: proxies.iter().collect(),
-        owners: Box::new(|k| nodes.iter().map(|n| n.try_get(k)).collect()),
+        owners: Box::new(|k| nodes.iter().map(|n| n.owner_of(k)).collect()),
         quorum: 1,
     };
     run_rounds(&target).await;

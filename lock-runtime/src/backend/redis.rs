@@ -235,14 +235,15 @@ impl RedisNode {
         keys: &[&str],
         args: &[&str],
     ) -> Result<(T, bool), LockError> {
-        let mut sent_before = false;
-        self.retrying(|| {
-            let first = !std::mem::replace(&mut sent_before, true);
-            async move {
-                self.eval_once(script, keys, args)
-                    .await
-                    .map(|v| (v, !first))
+        let ran_before = std::sync::atomic::AtomicBool::new(false);
+        self.retrying(|| async {
+            let out = self.eval_once(script, keys, args).await;
+            if let Err(e) = &out {
+                if crate::error::may_have_run(e) {
+                    ran_before.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
             }
+            out.map(|v| (v, ran_before.load(std::sync::atomic::Ordering::Relaxed)))
         })
         .await
     }

@@ -187,9 +187,13 @@ impl Shared {
     /// a lost reply is not a refusal. Each node's connection keeps order, so
     /// the release lands after the acquire even on a slow node. The owner id
     /// belongs to this one acquisition, so no other hold is touched.
-    async fn undo(&self, name: &LockName, owner: &str) {
+    ///
+    /// `wake`: a partial grant freed nothing, and waking waiters would only
+    /// send them (this one too) round again; a majority grant taken back
+    /// (too slow, fence not raised) frees a lock others saw held.
+    async fn undo(&self, name: &LockName, owner: &str, wake: Wake) {
         join_all(self.slots.iter().map(|slot| async move {
-            let fut = async { slot.node().await?.release(name, owner, Wake::Never).await };
+            let fut = async { slot.node().await?.release(name, owner, wake).await };
             let _ = tokio::time::timeout(self.op_timeout, fut).await;
         }))
         .await;
@@ -228,7 +232,7 @@ impl Shared {
         let key = &name.key;
 
         if fresh.len() < self.quorum {
-            self.undo(name, owner).await;
+            self.undo(name, owner, Wake::Never).await;
             let failed = n - fresh.len() - busy;
             if failed > n - self.quorum {
                 return Err(LockError::other(format!(
@@ -238,7 +242,7 @@ impl Shared {
                     self.failures(&answers)
                 )));
             }
-            if busy < self.quorum {
+            if busy + failed < self.quorum {
                 // Split vote: nobody holds a majority, and the partial
                 // grants were taken back without waking anyone. Try again
                 // after a random moment, so that contenders do not collide
@@ -271,7 +275,7 @@ impl Shared {
         .await;
         let carried = raised.iter().filter(|r| r.is_ok()).count();
         if carried < self.quorum {
-            self.undo(name, owner).await;
+            self.undo(name, owner, Wake::IfReleased).await;
             let why: Vec<String> = raised.into_iter().filter_map(Result::err).collect();
             return Err(LockError::other(format!(
                 "Redlock: acquiring lock `{key}`: could not raise the fence token {fence} on a majority: {}",
@@ -280,7 +284,7 @@ impl Shared {
         }
         let elapsed = started.elapsed();
         if elapsed + drift(lease) >= lease {
-            self.undo(name, owner).await;
+            self.undo(name, owner, Wake::IfReleased).await;
             return Err(LockError::other(format!(
                 "Redlock: acquiring lock `{key}` took {elapsed:?}, leaving nothing of its {lease:?} lease (minus {:?} clock drift); use a longer lease or faster nodes",
                 drift(lease)

@@ -271,7 +271,10 @@ impl Shared {
             };
             let node = p.acks_node.as_ref().unwrap_or(&p.node);
             let out = node.acquire(name, owner, lease).await?;
-            if !matches!(out, Acquired::Fresh { .. }) {
+            // A repeat (an earlier send's reply was lost) waits too: its
+            // PEXPIRE is a write on this connection, so replicas that
+            // acknowledge it also have the lock.
+            if matches!(out, Acquired::Busy { .. }) {
                 return Ok(out);
             }
             let mut cmd = redis::cmd("WAIT");
@@ -310,10 +313,21 @@ impl Backend for SentinelBackend {
     fn release(&self, name: &LockName, owner: &Arc<str>) -> BoxFuture<Result<Released, LockError>> {
         let (shared, name, owner) = (self.shared.clone(), name.clone(), owner.clone());
         Box::pin(async move {
-            let (name, owner) = (&name, &owner);
-            shared
-                .on_primary(|p| async move { p.node.release(name, owner, Wake::IfReleased).await })
-                .await
+            let (first, started) = (shared.current(), Instant::now());
+            match first.node.release(&name, &owner, Wake::IfReleased).await {
+                Err(e) if may_have_moved(&e) => match shared.after_failure(&first, started).await {
+                    Some(next) => match next.node.release(&name, &owner, Wake::IfReleased).await {
+                        // The first send may have released it (and the new
+                        // primary has that, or never had the lock).
+                        Ok(Released::NotOwner) if crate::error::may_have_run(&e) => {
+                            Ok(Released::Freed)
+                        }
+                        other => other,
+                    },
+                    None => Err(e),
+                },
+                other => other,
+            }
         })
     }
 
