@@ -198,26 +198,31 @@ mod tests {
         assert!(reg.slots.lock().unwrap().is_empty());
     }
 
-    #[tokio::test]
-    async fn a_waiter_dropped_after_its_wake_up_passes_it_on() {
-        use std::time::Duration;
-        let reg = Arc::new(Wakeups::new(None));
+    /// Two waiters of one channel and one release: (the woken one, the
+    /// other).
+    async fn one_of_two_woken(reg: &Arc<Wakeups>) -> (Waiter, Waiter) {
         let ch: Arc<str> = "c".into();
         let (mut a, _) = reg.join(&ch);
         let (mut b, _) = reg.join(&ch);
         reg.notify("c");
-        let first = tokio::select! {
-            _ = a.released() => 'a',
-            _ = b.released() => 'b',
+        let a_first = tokio::select! {
+            _ = a.released() => true,
+            _ = b.released() => false,
         };
-        // The woken waiter's caller is cancelled before its attempt.
-        let mut other = if first == 'a' {
-            drop(a);
-            b
+        if a_first {
+            (a, b)
         } else {
-            drop(b);
-            a
-        };
+            (b, a)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_waiter_dropped_after_its_wake_up_passes_it_on() {
+        use std::time::Duration;
+        let reg = Arc::new(Wakeups::new(None));
+        let (woken, mut other) = one_of_two_woken(&reg).await;
+        // The woken waiter's caller is cancelled before its attempt.
+        drop(woken);
         tokio::time::timeout(Duration::from_secs(5), other.released())
             .await
             .expect("the wake-up of a cancelled waiter was swallowed");
@@ -227,15 +232,8 @@ mod tests {
     async fn one_release_wakes_one_waiter() {
         use std::time::Duration;
         let reg = Arc::new(Wakeups::new(None));
-        let ch: Arc<str> = "c".into();
-        let (mut a, _) = reg.join(&ch);
-        let (mut b, _) = reg.join(&ch);
-        reg.notify("c");
-        let first = tokio::select! {
-            _ = a.released() => 'a',
-            _ = b.released() => 'b',
-        };
-        let other = if first == 'a' { &mut b } else { &mut a };
+        let (_woken, mut other) = one_of_two_woken(&reg).await;
+        let other = &mut other;
         assert!(
             tokio::time::timeout(Duration::from_millis(50), other.released())
                 .await

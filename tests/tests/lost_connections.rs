@@ -14,18 +14,19 @@ fn kill(server: &RedisServer, kind: &str) -> i64 {
     server.cmd(&["CLIENT", "KILL", "TYPE", kind])
 }
 
+/// A client that has taken and released one lock, so its connection is up.
+async fn used_client(server: &RedisServer) -> LockClient {
+    let client = LockClient::connect(&server.url()).await.unwrap();
+    let g = client.lock(unique("warm")).await.unwrap();
+    g.release().await.unwrap();
+    client
+}
+
 /// A client idle while its connection was cut must not fail its next call.
 #[tokio::test]
 async fn the_first_call_after_an_idle_connection_was_cut_succeeds() {
     let server = RedisServer::start();
-    let client = LockClient::connect(&server.url()).await.unwrap();
-    client
-        .lock(unique("warm"))
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    let client = used_client(&server).await;
     for round in 0..5 {
         assert!(
             kill(&server, "normal") >= 1,
@@ -47,14 +48,7 @@ async fn the_first_call_after_an_idle_connection_was_cut_succeeds() {
 #[tokio::test]
 async fn a_call_after_the_server_closed_the_idle_connection_succeeds() {
     let server = RedisServer::start_with(&["--save", "", "--appendonly", "no", "--timeout", "1"]);
-    let client = LockClient::connect(&server.url()).await.unwrap();
-    client
-        .lock(unique("warm"))
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    let client = used_client(&server).await;
     // Wait for Redis to close the idle connection (it checks about every
     // 100 ms once the second has passed).
     let closed = eventually(Duration::from_secs(10), || {
