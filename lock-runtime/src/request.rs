@@ -122,11 +122,7 @@ impl LockRequest {
                     owner = new_owner();
                     unsure.owner = owner.clone();
                     failures += 1;
-                    let pause = backoff(failures, cfg.retry_delay);
-                    if Instant::now() + pause >= deadline {
-                        return Err(e);
-                    }
-                    client.sleep(pause).await;
+                    pause_or_give_up(&client, failures, deadline, e).await?;
                     continue;
                 }
                 Err(e) if e.is_transient() => {
@@ -135,13 +131,8 @@ impl LockRequest {
                     // first, `unsure` takes it back.
                     unsure.pending = true;
                     failures += 1;
-                    let pause = backoff(failures, cfg.retry_delay);
-                    let now = Instant::now();
-                    if now + pause >= deadline {
-                        return Err(e);
-                    }
                     tracing::debug!(key = %key, error = %e, "lock attempt failed; trying again");
-                    client.sleep(pause).await;
+                    pause_or_give_up(&client, failures, deadline, e).await?;
                     continue;
                 }
                 Err(e) => return Err(e),
@@ -226,13 +217,29 @@ fn reenter(
     }
 }
 
-/// Pause before trying again after a failed attempt: 20 ms doubling, at
-/// most `cap`, with some jitter so that clients cut off together do not
-/// come back together.
-fn backoff(failures: u32, cap: Duration) -> Duration {
+/// Pause before trying again after the `failures`-th failed attempt in a
+/// row, or give up with `e` if the pause would pass the deadline. The pause
+/// is 20 ms doubling, at most the retry delay, with some jitter so that
+/// clients cut off together do not come back together.
+async fn pause_or_give_up(
+    client: &LockClient,
+    failures: u32,
+    deadline: Instant,
+    e: LockError,
+) -> Result<(), LockError> {
+    let cap = client
+        .inner
+        .config
+        .retry_delay
+        .max(Duration::from_millis(1));
     let base = Duration::from_millis(20) * (1u32 << failures.clamp(1, 7).saturating_sub(1));
-    let base = base.min(cap.max(Duration::from_millis(1)));
-    base + base.mul_f64(fastrand::f64() / 2.0)
+    let base = base.min(cap);
+    let pause = base + base.mul_f64(fastrand::f64() / 2.0);
+    if Instant::now() + pause >= deadline {
+        return Err(e);
+    }
+    client.sleep(pause).await;
+    Ok(())
 }
 
 /// An attempt whose outcome is unknown: if the request ends before a later

@@ -228,8 +228,18 @@ impl RedisNode {
     /// (`CLUSTERDOWN`): every lock script is idempotent (owner ids are
     /// unique per acquisition, so a repeated acquire is recognised and a
     /// repeated release or renewal finds the state the first one left).
-    /// The flag says whether an earlier send may have run.
     async fn eval<T: FromRedisValue>(
+        &self,
+        script: &Script,
+        keys: &[&str],
+        args: &[&str],
+    ) -> Result<T, LockError> {
+        Ok(self.eval_noting_repeats(script, keys, args).await?.0)
+    }
+
+    /// [`eval`](Self::eval), and whether an earlier send may have run (its
+    /// connection broke after it was sent, or no answer came).
+    async fn eval_noting_repeats<T: FromRedisValue>(
         &self,
         script: &Script,
         keys: &[&str],
@@ -298,7 +308,7 @@ impl RedisNode {
         lease: Duration,
     ) -> Result<Acquired, LockError> {
         let lease_ms = millis(lease).to_string();
-        let ((flag, n), _): ((i64, i64), bool) = self
+        let (flag, n): (i64, i64) = self
             .eval(
                 &scripts::ACQUIRE,
                 &[&name.hash, &name.fence],
@@ -327,7 +337,7 @@ impl RedisNode {
             Wake::Never => "n",
         };
         let (freed, repeated): (i64, bool) = self
-            .eval(
+            .eval_noting_repeats(
                 &scripts::RELEASE,
                 &[&name.hash],
                 &[owner, &name.channel, flag],
@@ -349,7 +359,7 @@ impl RedisNode {
     /// Raise the fence counter to at least `fence` (Redlock).
     pub(crate) async fn raise_fence(&self, name: &LockName, fence: u64) -> Result<(), LockError> {
         let fence = fence.to_string();
-        let _: (i64, bool) = self
+        let _: i64 = self
             .eval(&scripts::RAISE_FENCE, &[&name.fence], &[&fence])
             .await?;
         Ok(())
@@ -390,7 +400,7 @@ impl RedisNode {
             .eval::<Vec<u8>>(&scripts::RENEW, &[&r.name.hash], &[&lease, &r.owner])
             .await
         {
-            Ok((flags, _)) if flags.first() == Some(&b'1') => Renewed::Yes,
+            Ok(flags) if flags.first() == Some(&b'1') => Renewed::Yes,
             Ok(_) => Renewed::NotOwner,
             Err(e) => Renewed::Failed(e),
         }
