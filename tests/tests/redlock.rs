@@ -108,6 +108,34 @@ async fn quorum_verdict_for_every_up_down_mask() {
     println!("32 masks in {:?}", started.elapsed());
 }
 
+/// In the steady state every node hands out the same token (the client's
+/// clock floor), so an acquire needs no second round trip to raise fences.
+#[tokio::test]
+async fn an_uncontended_acquire_is_one_round_trip_per_node() {
+    let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let client = redlock(&nodes).await;
+    let key = unique("one-trip");
+    client.lock(&key).await.unwrap().release().await.unwrap();
+    for n in &nodes {
+        n.reset_stats();
+    }
+    let mut last = 0;
+    for _ in 0..5 {
+        let g = client.lock(&key).await.unwrap();
+        assert!(g.fence() > last);
+        last = g.fence();
+        g.release().await.unwrap();
+    }
+    for (i, n) in nodes.iter().enumerate() {
+        assert_eq!(
+            n.calls("evalsha"),
+            10,
+            "node {i}: 5 acquires and 5 releases should be 10 script calls"
+        );
+        assert_eq!(fence_on(n, &key), last, "node {i} holds another token");
+    }
+}
+
 #[tokio::test]
 async fn fence_is_raised_on_every_granting_node() {
     let mut nodes = nodes();

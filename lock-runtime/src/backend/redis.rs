@@ -301,19 +301,21 @@ impl RedisNode {
         }
     }
 
+    /// Take the lock for `owner`. `floor`: the lowest token to hand out
+    /// (default: the server's clock in microseconds).
     pub(crate) async fn acquire(
         &self,
         name: &LockName,
         owner: &str,
         lease: Duration,
+        floor: Option<u64>,
     ) -> Result<Acquired, LockError> {
         let lease_ms = millis(lease).to_string();
+        let floor = floor.map(|f| f.to_string());
+        let mut args = vec![owner, &lease_ms];
+        args.extend(floor.as_deref());
         let (flag, n): (i64, i64) = self
-            .eval(
-                &scripts::ACQUIRE,
-                &[&name.hash, &name.fence],
-                &[owner, &lease_ms],
-            )
+            .eval(&scripts::ACQUIRE, &[&name.hash, &name.fence], &args)
             .await?;
         Ok(match flag {
             1 => Acquired::Fresh { fence: n as u64 },
@@ -676,7 +678,7 @@ impl<S: Releases> Backend for RedisBackend<S> {
         lease: Duration,
     ) -> BoxFuture<Result<Acquired, LockError>> {
         let (node, name, owner) = (self.node.clone(), name.clone(), owner.clone());
-        Box::pin(async move { node.acquire(&name, &owner, lease).await })
+        Box::pin(async move { node.acquire(&name, &owner, lease, None).await })
     }
 
     fn release(&self, name: &LockName, owner: &Arc<str>) -> BoxFuture<Result<Released, LockError>> {

@@ -88,6 +88,15 @@ fn verdict(n: usize, quorum: usize, confirmed: usize, denied: usize) -> Verdict 
     }
 }
 
+/// Microseconds since the Unix epoch on this machine: the lowest token a
+/// Redlock acquire hands out, so tokens stay above earlier ones even where a
+/// majority of nodes lost their counters.
+fn clock_floor() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
 /// Clock drift allowed between the nodes: 1% of the lease plus 2 ms.
 fn drift(lease: Duration) -> Duration {
     lease / 100 + Duration::from_millis(2)
@@ -207,9 +216,16 @@ impl Shared {
     ) -> Result<Acquired, LockError> {
         let started = Instant::now();
         let n = self.slots.len();
+        // One floor for every node (this client's clock), so that nodes whose
+        // counters are behind it all hand out the same token and the fence
+        // needs no raising round trip; each node's own clock would differ.
+        let floor = clock_floor();
         let answers = self
             .all(self.node_timeout(lease), |s| async move {
-                s.node().await?.acquire(name, owner, lease).await
+                s.node()
+                    .await?
+                    .acquire(name, owner, lease, Some(floor))
+                    .await
             })
             .await;
         // A node that answers `Repeated` ran an earlier send of this same

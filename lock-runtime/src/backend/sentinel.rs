@@ -267,10 +267,10 @@ impl Shared {
     ) -> Result<Acquired, LockError> {
         self.on_primary(|p| async move {
             let Some((replicas, wait)) = self.acks else {
-                return p.node.acquire(name, owner, lease).await;
+                return p.node.acquire(name, owner, lease, None).await;
             };
             let node = p.acks_node.as_ref().unwrap_or(&p.node);
-            let out = node.acquire(name, owner, lease).await?;
+            let out = node.acquire(name, owner, lease, None).await?;
             // A repeat (an earlier send's reply was lost) waits too: its
             // PEXPIRE is a write on this connection, so replicas that
             // acknowledge it also have the lock.
