@@ -12,10 +12,12 @@
 //! maximum, and before the guard is returned every granting node's counter
 //! is raised to it. A later majority shares at least one node with those
 //! raised, so its maximum is higher — for as long as a majority keeps its
-//! data. A node that restarts empty forgets the lock and the counter, but
-//! its tokens never fall below its clock in microseconds, so they still
-//! exceed every token handed out before (as long as the nodes' clocks agree
-//! to within the time the restart took). The lock it forgot is another
+//! data. Every node is given one token floor, this client's clock in
+//! microseconds: nodes whose counters are behind it all answer with the
+//! same token, so raising is rarely needed. A node that restarts empty
+//! forgets the lock and the counter, but its tokens still exceed every
+//! token handed out before (as long as the clients' clocks agree to within
+//! the time the restart took). The lock it forgot is another
 //! matter: run the nodes with persistence (`appendfsync always`) or keep a
 //! restarted node out for longer than the longest lease.
 
