@@ -153,7 +153,6 @@ async fn in_scope(
     tokens: &mut Vec<u64>,
 ) -> Result<(), Failure> {
     let t = target;
-    let other = Failure::Check;
 
     // Fresh acquire: the grant's reply is lost.
     let before = t.arm(&acquire_sha());
@@ -162,26 +161,23 @@ async fn in_scope(
         .lock(key)
         .wait(Duration::from_secs(10))
         .await
-        .map_err(|e| other(format!("{}: fresh acquire: {e}", t.name)))?;
+        .map_err(|e| format!("{}: fresh acquire: {e}", t.name))?;
     let fired = t.disarm();
     let lost = t.lost() - before;
     check(fired && lost >= 1, || {
         format!("{}: the acquire's reply was not lost", t.name)
-    })
-    .map_err(other)?;
+    })?;
     check(t.held_by(key, outer.holder()) >= t.quorum, || {
         format!("{}: the granted lock is not in Redis", t.name)
-    })
-    .map_err(other)?;
-    t.rival_refused(key).await.map_err(other)?;
+    })?;
+    t.rival_refused(key).await?;
     check(tokens.iter().all(|&x| x < outer.fence()), || {
         format!(
             "{}: token {} handed out again or lower: {tokens:?}",
             t.name,
             outer.fence()
         )
-    })
-    .map_err(other)?;
+    })?;
     tokens.push(outer.fence());
     rows.push(Row {
         deployment: t.name,
@@ -197,11 +193,10 @@ async fn in_scope(
         .client
         .lock(key)
         .await
-        .map_err(|e| other(format!("{}: reentry: {e}", t.name)))?;
+        .map_err(|e| format!("{}: reentry: {e}", t.name))?;
     check(!t.disarm() && inner.fence() == outer.fence(), || {
         format!("{}: the reentry went to Redis or changed the token", t.name)
-    })
-    .map_err(other)?;
+    })?;
     rows.push(Row {
         deployment: t.name,
         operation: "reentry",
@@ -212,16 +207,14 @@ async fn in_scope(
     inner
         .release()
         .await
-        .map_err(|e| other(format!("{}: nested release: {e}", t.name)))?;
+        .map_err(|e| format!("{}: nested release: {e}", t.name))?;
     check(!t.disarm(), || {
         format!("{}: the nested release went to Redis", t.name)
-    })
-    .map_err(other)?;
+    })?;
     check(t.held_by(key, outer.holder()) >= t.quorum, || {
         format!("{}: the outer hold is gone after a nested release", t.name)
-    })
-    .map_err(other)?;
-    t.rival_refused(key).await.map_err(other)?;
+    })?;
+    t.rival_refused(key).await?;
     rows.push(Row {
         deployment: t.name,
         operation: "nested release",
@@ -235,17 +228,15 @@ async fn in_scope(
     outer
         .release()
         .await
-        .map_err(|e| other(format!("{}: outermost release: {e}", t.name)))?;
+        .map_err(|e| format!("{}: outermost release: {e}", t.name))?;
     let fired = t.disarm();
     let lost = t.lost() - before;
     check(fired && lost >= 1, || {
         format!("{}: the release's reply was not lost", t.name)
-    })
-    .map_err(other)?;
+    })?;
     check(t.left(key) == 0, || {
         format!("{}: the lock lingers after the outermost release", t.name)
-    })
-    .map_err(other)?;
+    })?;
     rows.push(Row {
         deployment: t.name,
         operation: "outermost release",
