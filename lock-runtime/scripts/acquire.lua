@@ -1,33 +1,90 @@
--- Take a lock for one acquisition.
--- KEYS[1] lock, KEYS[2] fence counter
--- ARGV[1] owner id (unique per acquisition), ARGV[2] lease in ms,
--- ARGV[3] (optional) the token floor in microseconds; default: this
--- server's clock
--- The lock holds "<owner> <token>".
--- Returns {1, token} taken, {2, token} already taken by this very
--- acquisition (a repeat whose first reply was lost), {0, pttl} busy.
-local last = redis.call('get', KEYS[2])
-local n = tonumber(last or '0')
-if n == nil then
-  return redis.error_reply('fence counter ' .. KEYS[2] .. ' is not an integer')
-end
--- Tokens never fall below the server clock in microseconds, so a counter
--- that lost increments (failover to a lagging replica, restart without
--- persistence, eviction) still hands out tokens above every earlier one.
-local floor = tonumber(ARGV[3])
-if floor == nil then
-  local t = redis.call('time')
-  floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-local token = string.format('%.0f', math.max(n + 1, floor))
-if redis.call('set', KEYS[1], ARGV[1] .. ' ' .. token, 'NX', 'PX', ARGV[2]) then
-  redis.call('set', KEYS[2], token)
-  return {1, tonumber(token)}
+-- Take a lock for one acquisition, or join its queue of waiters.
+-- KEYS[1] lock, KEYS[2] fence counter, KEYS[3] queue (owner ids, FIFO),
+-- KEYS[4] waiters (owner id -> "<lease ms> <queued until, server ms>")
+-- ARGV[1] owner id ("<client id>:<n>", unique per acquisition)
+-- ARGV[2] lease in ms
+-- ARGV[3] the token floor in microseconds; '' = this server's clock
+-- ARGV[4] if busy: '' = just say so; 'w' = mark the lock so that its
+--         release publishes a wake-up (Redlock); else how many ms to stay
+--         queued, after which a release skips this waiter
+-- ARGV[5] '1' if an earlier attempt of this owner may have queued it
+-- The lock holds "<owner>", or "<owner> q" once someone queued behind it
+-- ("<owner> w" on Redlock), so that its release knows whom to serve
+-- without reading anything else.
+-- Returns {1, token} taken, {2, token} already this owner's (an earlier
+-- send ran, or a release handed it over), {0, pttl, queued at (server ms,
+-- 0 = not queued)} busy.
+local owner = ARGV[1]
+if redis.call('set', KEYS[1], owner, 'NX', 'PX', ARGV[2]) then
+  -- Tokens never fall below the clock in microseconds, so a counter that
+  -- lost increments (failover to a lagging replica, restart without
+  -- persistence, eviction) still hands out tokens above every earlier one.
+  local floor = tonumber(ARGV[3])
+  if floor == nil then
+    local t = redis.call('time')
+    floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  local token = floor
+  local last = redis.call('set', KEYS[2], string.format('%.0f', floor), 'GET')
+  if last then
+    local n = tonumber(last)
+    if n == nil then
+      redis.call('set', KEYS[2], last)
+      redis.call('del', KEYS[1])
+      return redis.error_reply('fence counter ' .. KEYS[2] .. ' is not an integer')
+    end
+    if n >= floor then
+      token = n + 1
+      redis.call('set', KEYS[2], string.format('%.0f', token))
+    end
+  end
+  if ARGV[5] == '1' then
+    -- Taken directly (the lock had expired) by a queued waiter: it leaves
+    -- the queue, and if others still wait, this lock's release serves them.
+    redis.call('hdel', KEYS[4], owner)
+    redis.call('lrem', KEYS[3], 1, owner)
+    if redis.call('llen', KEYS[3]) > 0 then
+      redis.call('set', KEYS[1], owner .. ' q', 'KEEPTTL')
+    end
+  end
+  return {1, token}
 end
 -- Anything but a string (a lock of another layout, foreign data) is busy.
 local cur = redis.pcall('get', KEYS[1])
-if type(cur) == 'string' and string.sub(cur, 1, #ARGV[1] + 1) == ARGV[1] .. ' ' then
-  redis.call('pexpire', KEYS[1], ARGV[2])
-  return {2, tonumber(string.sub(cur, #ARGV[1] + 2))}
+if type(cur) ~= 'string' then
+  return {0, redis.call('pttl', KEYS[1]), 0}
 end
-return {0, redis.call('pttl', KEYS[1])}
+local holder, mark = cur, ''
+if string.sub(cur, -2, -2) == ' ' then
+  holder, mark = string.sub(cur, 1, -3), string.sub(cur, -1)
+end
+if holder == owner then
+  redis.call('pexpire', KEYS[1], ARGV[2])
+  return {2, tonumber(redis.call('get', KEYS[2]))}
+end
+local pttl = redis.call('pttl', KEYS[1])
+if ARGV[4] == '' then
+  return {0, pttl, 0}
+end
+if ARGV[4] == 'w' then
+  if mark ~= 'w' then
+    redis.call('set', KEYS[1], holder .. ' w', 'KEEPTTL')
+  end
+  return {0, pttl, 0}
+end
+local stay = tonumber(ARGV[4])
+local t = redis.call('time')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if redis.call('hset', KEYS[4], owner, ARGV[2] .. ' ' .. string.format('%.0f', now + stay)) == 1 then
+  redis.call('rpush', KEYS[3], owner)
+end
+-- The queue lives as long as its longest-staying waiter.
+for i = 3, 4 do
+  if redis.call('pttl', KEYS[i]) < stay then
+    redis.call('pexpire', KEYS[i], stay)
+  end
+end
+if mark ~= 'q' then
+  redis.call('set', KEYS[1], holder .. ' q', 'KEEPTTL')
+end
+return {0, pttl, now}

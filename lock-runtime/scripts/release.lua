@@ -1,28 +1,82 @@
--- End one acquisition: delete the lock if this owner holds it, and wake
--- waiters.
--- KEYS[1] lock
--- ARGV[1] owner id, ARGV[2] release channel, ARGV[3] when to wake waiters:
--- 'r' if this released the lock, 'a' also when the lock is absent (Redlock:
--- waiters may listen on a node where this owner's lock never landed), 'n'
--- never (taking back a partial Redlock grant frees nothing).
+-- End one acquisition: hand the lock to the first live waiter in its
+-- queue, or delete it.
+-- KEYS[1] lock, KEYS[2] fence counter, KEYS[3] queue, KEYS[4] waiters
+-- ARGV[1] owner id
+-- ARGV[2] grant channel prefix: a waiter's client hears its grant on
+--         ARGV[2] .. "<client id>"
+-- ARGV[3] 'publish', or 'spublish' on a Redis Cluster
+-- ARGV[4] wake-up channel (Redlock waiters, who do not queue)
+-- ARGV[5] Redlock wake-ups: 'r' when this deletes a marked lock, 'a' also
+--         when the lock is absent (a waiter may listen on a node where this
+--         owner's lock never landed), 'n' never (taking back a partial grant)
 -- Returns 1 released, 0 absent (expired, deleted, or released by an earlier
 -- send of this same release), -1 held by another owner.
+-- A waiter that gives up leaves the queue by this same call.
+local owner = ARGV[1]
 local cur = redis.pcall('get', KEYS[1])
-if cur ~= false and type(cur) ~= 'string' then
-  -- Not a lock of this layout (an error reply): never this owner's.
-  cur = '?'
-end
-if cur ~= false and string.sub(cur, 1, #ARGV[1] + 1) == ARGV[1] .. ' ' then
-  redis.call('del', KEYS[1])
-  if ARGV[3] ~= 'n' then
-    redis.call('publish', ARGV[2], '')
+if cur == false then
+  if ARGV[5] == 'a' then
+    redis.call('publish', ARGV[4], '')
   end
-  return 1
+  if redis.call('hdel', KEYS[4], owner) == 1 then
+    redis.call('lrem', KEYS[3], 1, owner)
+  end
+  return 0
 end
-if cur ~= false then
+if type(cur) ~= 'string' then
   return -1
 end
-if ARGV[3] == 'a' then
-  redis.call('publish', ARGV[2], '')
+local holder, mark = cur, ''
+if string.sub(cur, -2, -2) == ' ' then
+  holder, mark = string.sub(cur, 1, -3), string.sub(cur, -1)
 end
-return 0
+if holder ~= owner then
+  if mark == 'q' and redis.call('hdel', KEYS[4], owner) == 1 then
+    redis.call('lrem', KEYS[3], 1, owner)
+  end
+  return -1
+end
+if mark == 'q' then
+  local t = redis.call('time')
+  local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local last
+  while true do
+    local head = redis.call('lpop', KEYS[3])
+    if not head then
+      break
+    end
+    local entry = redis.call('hget', KEYS[4], head)
+    if entry then
+      redis.call('hdel', KEYS[4], head)
+      local lease, untl = string.match(entry, '^(%d+) (%d+)$')
+      -- (Never back to the releasing owner: an entry it left by an attempt
+      -- whose answer was lost.)
+      if lease and head ~= owner and tonumber(untl) > now_ms then
+        if not last then
+          last = tonumber(redis.call('get', KEYS[2]) or '0') or 0
+        end
+        local token = math.max(last + 1, now_us)
+        local client = string.match(head, '^[^:]*')
+        -- Nobody subscribed: that waiter's client is gone (or not yet
+        -- listening, and then it asks again); serve the next one.
+        local heard = redis.call(ARGV[3], ARGV[2] .. client,
+          head .. ' ' .. string.format('%.0f', token) .. ' ' .. string.format('%.0f', now_ms))
+        if heard > 0 then
+          local value = head
+          if redis.call('llen', KEYS[3]) > 0 then
+            value = head .. ' q'
+          end
+          redis.call('set', KEYS[1], value, 'PX', lease)
+          redis.call('set', KEYS[2], string.format('%.0f', token))
+          return 1
+        end
+      end
+    end
+  end
+end
+redis.call('del', KEYS[1])
+if mark == 'w' and ARGV[5] ~= 'n' then
+  redis.call('publish', ARGV[4], '')
+end
+return 1

@@ -10,7 +10,7 @@ use crate::backend::memory::MemoryBackend;
 use crate::backend::redis::{NodeSettings, RedisBackend};
 use crate::backend::redlock::RedlockBackend;
 use crate::backend::sentinel::SentinelBackend;
-use crate::backend::{Acquired, Backend, Released, Renewal};
+use crate::backend::{Acquired, Backend, Queue, Queued, Released, Renewal};
 use crate::guard::{Hold, LockGuard};
 use crate::io::Io;
 use crate::key::LockName;
@@ -93,7 +93,12 @@ impl Config {
 /// What one acquire attempt came back with.
 pub(crate) enum Attempt {
     Held(LockGuard),
-    Busy(Option<Duration>),
+    /// Someone else holds it for about this long; `queued`: this attempt
+    /// joined the lock's queue (see [`Acquired::Busy`]).
+    Busy {
+        ttl: Option<Duration>,
+        queued: Option<Queued>,
+    },
     /// Granted too late to use; being taken back.
     Late(LockError),
 }
@@ -288,9 +293,8 @@ impl LockClient {
         .await
     }
 
-    /// One acquire attempt, run on the I/O thread so that it finishes even if
-    /// the caller is dropped: a lock granted to a caller that went away is
-    /// handed to a guard nobody holds, whose drop releases it at once.
+    /// One acquire attempt, sent from the caller's task. If the caller
+    /// drops it midway, the request's `Unsure` guard takes the attempt back.
     ///
     /// A `Repeated` grant (an earlier send of this owner's ran) counts its
     /// lease from this send too: the script set the lease again.
@@ -299,35 +303,22 @@ impl LockClient {
         name: &LockName,
         owner: &Arc<str>,
         lease: Duration,
+        queue: Queue,
         scope: Option<Arc<Scope>>,
     ) -> Result<Attempt, LockError> {
-        let client = self.clone();
-        let (name, owner) = (name.clone(), owner.clone());
-        let cleanup = (name.clone(), owner.clone());
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        self.inner.io.spawn(async move {
-            let sent_at = Instant::now();
-            let inner = &client.inner;
-            let out = match inner.backend.acquire(&name, &owner, lease).await {
-                Ok(Acquired::Busy { ttl }) => Ok(Attempt::Busy(ttl)),
-                Ok(Acquired::Fresh { fence } | Acquired::Repeated { fence }) => {
-                    client.granted(name, owner, lease, fence, sent_at, scope)
-                }
-                Err(e) => Err(e),
-            };
-            // If the caller is gone, `out` (and any guard in it) drops here;
-            // an attempt that may have taken the lock unseen is taken back.
-            if let Err(Err(e)) = tx.send(out) {
-                if e.is_transient() {
-                    client.release_in_background(cleanup.0, cleanup.1);
-                }
+        let inner = &self.inner;
+        let sent_at = Instant::now();
+        let fut = inner.backend.acquire(name, owner, lease, queue);
+        match inner.io.here(fut).await? {
+            Acquired::Busy { ttl, queued } => Ok(Attempt::Busy { ttl, queued }),
+            Acquired::Fresh { fence } | Acquired::Repeated { fence } => {
+                Ok(self.granted(name.clone(), owner.clone(), lease, fence, sent_at, scope))
             }
-        });
-        rx.await.unwrap_or_else(|_| Err(LockError::shutdown()))
+        }
     }
 
     /// Turn a grant into a guard, unless it came back too late to be one.
-    fn granted(
+    pub(crate) fn granted(
         &self,
         name: LockName,
         owner: Arc<str>,
@@ -335,7 +326,7 @@ impl LockClient {
         fence: u64,
         granted_at: Instant,
         scope: Option<Arc<Scope>>,
-    ) -> Result<Attempt, LockError> {
+    ) -> Attempt {
         let inner = &self.inner;
         // The lease counts from the send: a grant that comes back after it
         // ran out may already be someone else's lock.
@@ -350,7 +341,7 @@ impl LockClient {
             // Taken back in the background: this owner id is spent, and a
             // later attempt must use another (its grant would be deleted).
             self.release_in_background(name, owner);
-            return Ok(Attempt::Late(err));
+            return Attempt::Late(err);
         }
         let held = inner.watchdog.hold(
             &inner.io,
@@ -369,7 +360,7 @@ impl LockClient {
             fence,
             held,
         };
-        Ok(Attempt::Held(LockGuard::fresh(hold, scope)))
+        Attempt::Held(LockGuard::fresh(hold, scope))
     }
 
     /// Release `owner`'s lock on the I/O thread. The task keeps the client
@@ -393,9 +384,29 @@ impl LockClient {
         });
     }
 
-    pub(crate) async fn subscribe(&self, name: &LockName) -> Result<Waiter, LockError> {
-        let fut = self.inner.backend.subscribe(name);
-        self.inner.io.run(fut).await
+    pub(crate) async fn subscribe(
+        &self,
+        name: &LockName,
+        owner: &Arc<str>,
+    ) -> Result<(Waiter, bool), LockError> {
+        let fut = self.inner.backend.subscribe(name, owner);
+        self.inner.io.here(fut).await
+    }
+
+    /// After a fresh subscription: whether `owner` can now just wait. A
+    /// queued owner can if it is still in the queue; one that did not
+    /// queue (or cannot tell) should try again first.
+    pub(crate) async fn still_waits(
+        &self,
+        name: &LockName,
+        owner: &Arc<str>,
+        queued: bool,
+    ) -> bool {
+        if !queued {
+            return false;
+        }
+        let fut = self.inner.backend.still_queued(name, owner);
+        matches!(self.inner.io.here(fut).await, Ok(true))
     }
 
     /// A timer on the client's own runtime, usable from any runtime.

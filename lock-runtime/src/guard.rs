@@ -100,14 +100,15 @@ impl LockGuard {
             };
         };
         let hold = &self.hold;
-        let backend = hold.client.inner.backend.clone();
-        let (name, owner) = (hold.name.clone(), hold.owner.clone());
-        let out = hold
-            .client
-            .inner
+        let inner = &hold.client.inner;
+        // Sent from the caller's task; if the caller drops this future
+        // before the answer, the release is finished in the background.
+        let unfinished = Unfinished(Some(hold));
+        let out = inner
             .io
-            .run(async move { backend.release(&name, &owner).await })
+            .here(inner.backend.release(&hold.name, &hold.owner))
             .await;
+        unfinished.done();
         match out {
             Ok(Released::NotOwner) => Err(self.lost_error()),
             Ok(_) if was_lost => Err(self.lost_error()),
@@ -137,6 +138,25 @@ impl LockGuard {
             }
         }
         Some(hold.client.inner.watchdog.leave(&hold.held).was_lost)
+    }
+}
+
+/// A release in flight: dropped unfinished, it is sent again in the
+/// background (a release is idempotent).
+struct Unfinished<'a>(Option<&'a Hold>);
+
+impl Unfinished<'_> {
+    fn done(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Unfinished<'_> {
+    fn drop(&mut self) {
+        if let Some(hold) = self.0 {
+            hold.client
+                .release_in_background(hold.name.clone(), hold.owner.clone());
+        }
     }
 }
 

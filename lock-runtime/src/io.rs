@@ -7,6 +7,8 @@
 //! away) runs to its end.
 
 use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
@@ -59,9 +61,39 @@ impl Io {
         }
     }
 
+    /// Poll `fut` in the caller's task with the I/O runtime as the current
+    /// runtime: the caller's own threads do the work (no hop to the I/O
+    /// thread and back), while whatever `fut` spawns or times (a reconnect,
+    /// a timeout) lives on the I/O runtime, which outlives every caller.
+    pub(crate) fn here<F: Future>(&self, fut: F) -> Here<'_, F> {
+        Here {
+            io: &self.handle,
+            fut,
+        }
+    }
+
     /// Fire and forget.
     pub(crate) fn spawn(&self, fut: impl Future<Output = ()> + Send + 'static) {
         self.handle.spawn(fut);
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// See [`Io::here`].
+    pub(crate) struct Here<'a, F> {
+        io: &'a Handle,
+        #[pin]
+        fut: F,
+    }
+}
+
+impl<F: Future> Future for Here<'_, F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        let _rt = this.io.enter();
+        this.fut.poll(cx)
     }
 }
 

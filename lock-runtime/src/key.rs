@@ -15,12 +15,10 @@ pub(crate) struct LockName(Arc<Names>);
 pub(crate) struct Names {
     /// The key the user asked for (without prefix).
     pub(crate) key: Arc<str>,
-    /// `prefix{key}`: the lock, holding its owner id.
+    /// `prefix{key}`: the lock, holding its owner id. The lock's other
+    /// names are made from it when needed, so that a held lock costs the
+    /// watchdog two strings, not seven.
     pub(crate) hash: Arc<str>,
-    /// `prefix{key}:fence`: the fencing counter, never expired.
-    pub(crate) fence: Arc<str>,
-    /// `prefix{key}:released`: the channel a final release publishes on.
-    pub(crate) channel: Arc<str>,
 }
 
 /// Longest key we accept; longer keys are almost certainly a bug (a body
@@ -44,13 +42,43 @@ impl LockName {
                 "a key may not start with `}`: it would empty the Redis Cluster hash tag",
             ));
         }
-        let hash: Arc<str> = format!("{prefix}{{{key}}}").into();
-        Ok(LockName(Arc::new(Names {
-            key: key.into(),
-            fence: format!("{hash}:fence").into(),
-            channel: format!("{hash}:released").into(),
-            hash,
-        })))
+        Ok(Self::named(key.into(), format!("{prefix}{{{key}}}").into()))
+    }
+
+    fn named(key: Arc<str>, hash: Arc<str>) -> Self {
+        LockName(Arc::new(Names { key, hash }))
+    }
+
+    /// `prefix{key}:fence`: the fencing counter, never expired.
+    pub(crate) fn fence(&self) -> String {
+        format!("{}:fence", self.hash)
+    }
+
+    /// `prefix{key}:released`: the channel a release publishes on for
+    /// waiters that do not queue (Redlock).
+    pub(crate) fn channel(&self) -> Arc<str> {
+        format!("{}:released", self.hash).into()
+    }
+
+    /// `prefix{key}:queue`: owner ids waiting, first come first served.
+    pub(crate) fn queue(&self) -> String {
+        format!("{}:queue", self.hash)
+    }
+
+    /// `prefix{key}:waiters`: each queued owner's lease and deadline.
+    pub(crate) fn waiters(&self) -> String {
+        format!("{}:waiters", self.hash)
+    }
+
+    /// `prefix{key}:granted:`: followed by a client id, the channel on
+    /// which that client hears the grants handed to its waiters.
+    pub(crate) fn grants(&self) -> String {
+        format!("{}:granted:", self.hash)
+    }
+
+    /// The channel on which `client` hears grants of this lock.
+    pub(crate) fn grant_channel(&self, client: &str) -> Arc<str> {
+        format!("{}:granted:{client}", self.hash).into()
     }
 }
 
@@ -70,8 +98,12 @@ mod tests {
     fn names_share_the_hash_tag() {
         let n = LockName::new("lock:", "order:42").unwrap();
         assert_eq!(&*n.hash, "lock:{order:42}");
-        assert_eq!(&*n.fence, "lock:{order:42}:fence");
-        assert_eq!(&*n.channel, "lock:{order:42}:released");
+        assert_eq!(n.fence(), "lock:{order:42}:fence");
+        assert_eq!(&*n.channel(), "lock:{order:42}:released");
+        assert_eq!(n.queue(), "lock:{order:42}:queue");
+        assert_eq!(n.waiters(), "lock:{order:42}:waiters");
+        assert_eq!(n.grants(), "lock:{order:42}:granted:");
+        assert_eq!(&*n.grant_channel("c1"), "lock:{order:42}:granted:c1");
     }
 
     #[test]

@@ -5,10 +5,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::backend::{Queue, Queued};
 use crate::client::Attempt;
 use crate::key::LockName;
 use crate::scope::{self, Reentry, Scope};
-use crate::wakeups::Waiter;
+use crate::wakeups::{Stamp, Waiter, Woken};
 use crate::{LockClient, LockError, LockGuard};
 
 /// Longest lease accepted: a year is already a lock that outlives deploys.
@@ -90,36 +91,57 @@ impl LockRequest {
         };
         let mut waiter: Option<Waiter> = None;
         let mut failures = 0u32;
+        // An attempt of `owner` may have joined the lock's queue.
+        let mut queued_once = false;
+        // The last attempt that joined the queue: when it was sent, and the
+        // backend's clock then. A grant's lease is counted from there.
+        let mut queued_at: Option<(Instant, Queued)> = None;
         loop {
-            let out = client.attempt(&name, &owner, lease, scope.clone()).await;
+            let left = deadline.saturating_duration_since(Instant::now());
+            // A waiter asks again at least every `retry_delay` (+ jitter),
+            // which renews its place; one that died loses it soon after.
+            let queue = Queue {
+                stay: (!left.is_zero())
+                    .then(|| left.min(cfg.retry_delay) + cfg.retry_jitter + 2 * cfg.op_timeout),
+                rejoin: queued_once,
+            };
+            // Sent from this task: if it is dropped before the answer,
+            // `unsure` takes the attempt back.
+            unsure.pending = true;
+            // A later attempt must know an earlier one may have queued this
+            // owner, even if its answer never came.
+            let may_queue = queue.stay.is_some();
+            let sent_at = Instant::now();
+            let out = client
+                .attempt(&name, &owner, lease, queue, scope.clone())
+                .await;
             let ttl = match out {
                 Ok(Attempt::Held(guard)) => {
                     unsure.pending = false;
                     if let Some(w) = waiter.as_mut() {
                         w.consumed();
                     }
-                    tracing::debug!(
-                        key = %key,
-                        fence = guard.fence(),
-                        waited_ms = started.elapsed().as_millis() as u64,
-                        "lock acquired"
-                    );
-                    return Ok(guard);
+                    return Ok(acquired(&key, guard, started));
                 }
-                Ok(Attempt::Busy(ttl)) => {
-                    // Someone else holds it: no earlier attempt of ours does.
-                    unsure.pending = false;
+                Ok(Attempt::Busy { ttl, queued }) => {
                     if let Some(w) = waiter.as_mut() {
                         w.consumed();
                     }
                     failures = 0;
+                    if let Some(q) = queued {
+                        queued_once = true;
+                        queued_at = Some((sent_at, q));
+                    }
+                    // Queued: a release may yet hand it over, and if this
+                    // request ends first, `unsure` leaves the queue.
+                    unsure.pending = queued_once;
                     ttl
                 }
                 Ok(Attempt::Late(e)) => {
                     // Being taken back under this owner id: go on with a new
                     // one, which that release cannot touch.
                     unsure.pending = false;
-                    owner = new_owner();
+                    (owner, waiter, queued_once, queued_at) = (new_owner(), None, false, None);
                     unsure.owner = owner.clone();
                     failures += 1;
                     pause_or_give_up(&client, failures, deadline, e).await?;
@@ -129,13 +151,17 @@ impl LockRequest {
                     // The attempt may have run: the next one (same owner) is
                     // answered `Repeated` if it did, and if this request ends
                     // first, `unsure` takes it back.
-                    unsure.pending = true;
+                    queued_once |= may_queue;
                     failures += 1;
                     tracing::debug!(key = %key, error = %e, "lock attempt failed; trying again");
                     pause_or_give_up(&client, failures, deadline, e).await?;
                     continue;
                 }
-                Err(e) => return Err(e),
+                Err(e) => {
+                    // A refusal (bad data, a script error): nothing taken.
+                    unsure.pending = queued_once;
+                    return Err(e);
+                }
             };
             let now = Instant::now();
             if now >= deadline {
@@ -157,13 +183,16 @@ impl LockRequest {
             }
             if !matches!(&waiter, Some(w) if !w.is_stale()) {
                 waiter = None;
-                // Listen first, then try again: a release between the failed
-                // attempt and the subscription is not lost. If listening
-                // fails, fall back to timed retries.
-                match client.subscribe(&name).await {
-                    Ok(w) => {
+                match client.subscribe(&name, &owner).await {
+                    Ok((w, fresh)) => {
                         waiter = Some(w);
-                        continue;
+                        // Listening afresh: a release between the attempt
+                        // and the subscription could not reach this client.
+                        // A queued waiter checks it is still queued; one
+                        // that does not queue tries again.
+                        if fresh && !client.still_waits(&name, &owner, queued_at.is_some()).await {
+                            continue;
+                        }
                     }
                     Err(e) => {
                         tracing::debug!(key = %key, error = %e, "cannot listen for releases; retrying on a timer");
@@ -184,12 +213,88 @@ impl LockRequest {
                     None => std::future::pending().await,
                 }
             };
-            tokio::select! {
-                _ = released => {}
-                _ = scope_joined => {}
-                _ = client.sleep(nap) => {}
+            let grant = tokio::select! {
+                woken = released => match woken {
+                    Woken::Granted(g) => Some(g),
+                    Woken::Retry => None,
+                },
+                _ = scope_joined => None,
+                _ = client.sleep(nap) => None,
+            };
+            let Some(grant) = grant else {
+                continue;
+            };
+            if is_stale(queued_at, grant.at) {
+                // Handed over before this owner queued again: the lock was
+                // lost since (it expired unrenewed, or the data was lost),
+                // and the attempt that queued again saw someone else hold it.
+                continue;
+            }
+            // Handed over by the holder's release: the lock is ours.
+            if client.inner.backend.grants_need_confirming() {
+                // The next attempt is answered `Repeated`, and confirms.
+                continue;
+            }
+            let from = lease_start(queued_at, grant.at);
+            match client.granted(
+                name.clone(),
+                owner.clone(),
+                lease,
+                grant.fence,
+                from,
+                scope.clone(),
+            ) {
+                Attempt::Held(guard) => {
+                    unsure.pending = false;
+                    return Ok(acquired(&key, guard, started));
+                }
+                Attempt::Late(e) => {
+                    unsure.pending = false;
+                    (owner, waiter, queued_once, queued_at) = (new_owner(), None, false, None);
+                    unsure.owner = owner.clone();
+                    failures += 1;
+                    pause_or_give_up(&client, failures, deadline, e).await?;
+                }
+                Attempt::Busy { .. } => unreachable!("a grant is never busy"),
             }
         }
+    }
+}
+
+fn acquired(key: &str, guard: LockGuard, started: Instant) -> LockGuard {
+    tracing::debug!(
+        key = %key,
+        fence = guard.fence(),
+        waited_ms = started.elapsed().as_millis() as u64,
+        "lock acquired"
+    );
+    guard
+}
+
+/// A grant from before the last attempt that queued (on the same clock).
+fn is_stale(queued_at: Option<(Instant, Queued)>, at: Stamp) -> bool {
+    match (queued_at, at) {
+        (Some((_, Queued::At(q))), Stamp::ServerMs(g)) => g < q,
+        (Some((sent, Queued::Here)), Stamp::Local(t)) => t < sent,
+        _ => false,
+    }
+}
+
+/// Where a handed-over lease starts on this process's clock, never later
+/// than it did: the queuing attempt was sent at `sent` (local), and the
+/// backend's clock then read `queued`; the grant happened `at` on that same
+/// clock. (If the server clock stepped, the earliest possible start wins.)
+fn lease_start(queued_at: Option<(Instant, Queued)>, at: Stamp) -> Instant {
+    let now = Instant::now();
+    match (queued_at, at) {
+        (_, Stamp::Local(t)) => t.min(now),
+        (Some((sent, Queued::At(q))), Stamp::ServerMs(g)) => {
+            (sent + Duration::from_millis(g.saturating_sub(q))).min(now)
+        }
+        // No reference point: the earliest moment this request could have
+        // been granted.
+        (Some((sent, Queued::Here)), Stamp::ServerMs(_)) => sent,
+        (None, Stamp::ServerMs(_)) => now,
     }
 }
 

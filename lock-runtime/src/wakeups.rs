@@ -1,13 +1,20 @@
-//! Per-channel wake-ups shared by all waiters of one client: one
-//! subscription per lock however many tasks wait on it.
+//! The waiters of one client, by channel: one subscription per lock
+//! however many tasks wait on it.
 //!
-//! A release message wakes one waiter of the client, not all of them: only
-//! one can take the lock, and waking the rest would send Redis a burst of
-//! attempts that are bound to fail. A woken waiter that takes the lock wakes
-//! the next one when it releases; one that loses to another client waits for
-//! the next message. A wake-up that lands while nobody is parked is kept for
-//! the next waiter to park, so a release during an attempt is not lost; one
-//! whose waiter goes away before its attempt finished is passed on.
+//! A queued waiter is handed the lock by the holder's release: the grant
+//! message names its owner id and lands in that waiter's mailbox. Nobody
+//! else is woken; the waiter already holds the lock. A grant that arrives
+//! before its waiter registered (the release came between the waiter's
+//! attempt and its registration) is kept for it. One whose waiter gave up
+//! needs nothing here: the request that gave up sends a release for its
+//! owner id, which either takes it out of the queue or, if the grant came
+//! first, passes the lock on.
+//!
+//! Waiters that do not queue (Redlock) are woken instead: a release
+//! message wakes one waiter of the client, not all of them, since only one
+//! can take the lock. A wake-up that lands while nobody is parked is kept
+//! for the next waiter to park; one whose waiter goes away before its
+//! attempt finished is passed on.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,12 +22,46 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
 
+use std::time::{Duration, Instant};
+
 /// Called with a channel nobody waits on any more.
 pub(crate) type OnIdle = Arc<dyn Fn(Arc<str>) + Send + Sync>;
+
+/// A lock handed over by a release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Grant {
+    pub(crate) fence: u64,
+    /// When the release handed it over: its lease counts from there.
+    pub(crate) at: Stamp,
+}
+
+/// A moment on some clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stamp {
+    /// The Redis server's clock, in ms.
+    ServerMs(u64),
+    /// This process's clock.
+    Local(tokio::time::Instant),
+}
+
+/// Why a parked waiter woke.
+#[derive(Debug)]
+pub(crate) enum Woken {
+    /// The lock is this waiter's.
+    Granted(Grant),
+    /// Try again: released (waiters that do not queue), or a message may
+    /// have been missed (reconnect, failover).
+    Retry,
+}
+
+/// How long a grant nobody claimed is kept for a waiter about to register.
+const UNCLAIMED_FOR: Duration = Duration::from_secs(60);
 
 #[derive(Default)]
 pub(crate) struct Wakeups {
     slots: Mutex<HashMap<Arc<str>, Slot>>,
+    /// Grants that arrived before their waiter registered, by owner id.
+    unclaimed: Mutex<HashMap<Arc<str>, (Grant, Instant)>>,
     on_idle: Option<OnIdle>,
     /// Releases are no longer published where this registry listens.
     retired: AtomicBool,
@@ -31,33 +72,67 @@ struct Slot {
     waiters: usize,
     /// The backend confirmed it listens on this channel.
     ready: bool,
+    /// SUBSCRIBEs sent whose confirmation has not come back: a
+    /// confirmation is not a resubscription after a reconnect.
+    confirming: u32,
+    /// Queued waiters by owner id.
+    mailboxes: HashMap<Arc<str>, Arc<Mailbox>>,
+}
+
+#[derive(Default)]
+struct Mailbox {
+    grant: Mutex<Option<Grant>>,
+    arrived: Notify,
 }
 
 impl Wakeups {
     pub(crate) fn new(on_idle: Option<OnIdle>) -> Self {
         Wakeups {
-            slots: Mutex::default(),
             on_idle,
-            retired: AtomicBool::new(false),
+            ..Wakeups::default()
         }
     }
 
-    /// Register a waiter; says whether the channel still needs subscribing.
-    pub(crate) fn join(self: &Arc<Self>, channel: &Arc<str>) -> (Waiter, bool) {
+    /// Register a waiter (with `owner`, one that may be handed the lock);
+    /// says whether the channel still needs subscribing.
+    pub(crate) fn join(
+        self: &Arc<Self>,
+        channel: &Arc<str>,
+        owner: Option<&Arc<str>>,
+    ) -> (Waiter, bool) {
         let mut slots = self.slots.lock().unwrap();
         let slot = slots.entry(channel.clone()).or_insert_with(|| Slot {
             wake: Arc::new(Notify::new()),
             waiters: 0,
             ready: false,
+            confirming: 0,
+            mailboxes: HashMap::new(),
         });
         slot.waiters += 1;
+        let mailbox = owner.map(|o| {
+            let m = Arc::new(Mailbox::default());
+            if let Some((g, _)) = self.unclaimed.lock().unwrap().remove(o) {
+                *m.grant.lock().unwrap() = Some(g);
+                m.arrived.notify_one();
+            }
+            slot.mailboxes.insert(o.clone(), m.clone());
+            (o.clone(), m)
+        });
         let waiter = Waiter {
             wake: slot.wake.clone(),
+            mailbox,
             channel: channel.clone(),
             registry: self.clone(),
             woken: false,
         };
         (waiter, !slot.ready)
+    }
+
+    /// A SUBSCRIBE is about to be sent on `channel`.
+    pub(crate) fn subscribing(&self, channel: &str) {
+        if let Some(slot) = self.slots.lock().unwrap().get_mut(channel) {
+            slot.confirming += 1;
+        }
     }
 
     pub(crate) fn mark_ready(&self, channel: &str) {
@@ -86,6 +161,40 @@ impl Wakeups {
             .map_or(0, |s| s.waiters)
     }
 
+    /// All waiters of this registry whose channel starts with `prefix`.
+    pub(crate) fn waiters_under(&self, prefix: &str) -> usize {
+        self.slots
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(c, _)| c.starts_with(prefix))
+            .map(|(_, s)| s.waiters)
+            .sum()
+    }
+
+    /// Hand `grant` to the waiter queued as `owner`; false if there is
+    /// none.
+    pub(crate) fn deliver(&self, channel: &str, owner: &str, grant: Grant) -> bool {
+        let slots = self.slots.lock().unwrap();
+        let Some(m) = slots.get(channel).and_then(|s| s.mailboxes.get(owner)) else {
+            return false;
+        };
+        *m.grant.lock().unwrap() = Some(grant);
+        m.arrived.notify_one();
+        true
+    }
+
+    /// A grant message from Redis: to its waiter, else kept for it.
+    pub(crate) fn granted(&self, channel: &str, owner: &str, grant: Grant) {
+        if self.deliver(channel, owner, grant) {
+            return;
+        }
+        let now = Instant::now();
+        let mut unclaimed = self.unclaimed.lock().unwrap();
+        unclaimed.retain(|_, (_, at)| now.duration_since(*at) < UNCLAIMED_FOR);
+        unclaimed.insert(owner.into(), (grant, now));
+    }
+
     pub(crate) fn notify(&self, channel: &str) {
         if let Some(slot) = self.slots.lock().unwrap().get(channel) {
             slot.wake.notify_one();
@@ -94,10 +203,12 @@ impl Wakeups {
 
     /// The channel was subscribed again after a reconnect: wake one waiter
     /// if it was already listened on (not for a first subscription, whose
-    /// waiter tries again anyway).
+    /// waiter checks anyway).
     pub(crate) fn resubscribed(&self, channel: &str) {
-        if let Some(slot) = self.slots.lock().unwrap().get(channel) {
-            if slot.ready {
+        if let Some(slot) = self.slots.lock().unwrap().get_mut(channel) {
+            if slot.confirming > 0 {
+                slot.confirming -= 1;
+            } else if slot.ready {
                 slot.wake.notify_one();
             }
         }
@@ -117,11 +228,14 @@ impl Wakeups {
         }
     }
 
-    fn leave(&self, channel: &Arc<str>) {
+    fn leave(&self, channel: &Arc<str>, owner: Option<&Arc<str>>) {
         let idle = {
             let mut slots = self.slots.lock().unwrap();
             match slots.get_mut(channel) {
                 Some(slot) => {
+                    if let Some(o) = owner {
+                        slot.mailboxes.remove(o);
+                    }
                     slot.waiters -= 1;
                     slot.waiters == 0
                 }
@@ -139,22 +253,42 @@ impl Wakeups {
     }
 }
 
-/// One task waiting for a lock's release.
+/// One task waiting for a lock.
 pub(crate) struct Waiter {
     wake: Arc<Notify>,
+    /// Queued waiters: the owner id and where its grant lands.
+    mailbox: Option<(Arc<str>, Arc<Mailbox>)>,
     channel: Arc<str>,
     registry: Arc<Wakeups>,
-    /// Picked by a release and not yet [`consumed`](Waiter::consumed).
+    /// Picked by a wake-up and not yet [`consumed`](Waiter::consumed).
     woken: bool,
 }
 
 impl Waiter {
-    /// Resolves when a release message picks this waiter. A pick that is
-    /// dropped unpolled passes to the next waiter (`Notify` does that), and
-    /// so does one whose waiter is dropped before it is consumed.
-    pub(crate) async fn released(&mut self) {
-        self.wake.notified().await;
-        self.woken = true;
+    /// Resolves with a grant, or when a wake-up picks this waiter. A pick
+    /// that is dropped unpolled passes to the next waiter (`Notify` does
+    /// that), and so does one whose waiter is dropped before it is
+    /// consumed.
+    pub(crate) async fn released(&mut self) -> Woken {
+        let Some((_, mailbox)) = &self.mailbox else {
+            self.wake.notified().await;
+            self.woken = true;
+            return Woken::Retry;
+        };
+        let mailbox = mailbox.clone();
+        loop {
+            if let Some(g) = mailbox.grant.lock().unwrap().take() {
+                return Woken::Granted(g);
+            }
+            tokio::select! {
+                biased;
+                _ = mailbox.arrived.notified() => {}
+                _ = self.wake.notified() => {
+                    self.woken = true;
+                    return Woken::Retry;
+                }
+            }
+        }
     }
 
     /// The attempt that followed the wake-up got its answer: the wake-up
@@ -176,7 +310,8 @@ impl Drop for Waiter {
             // of this client may take the lock instead.
             self.registry.notify(&self.channel);
         }
-        self.registry.leave(&self.channel);
+        let owner = self.mailbox.as_ref().map(|(o, _)| o);
+        self.registry.leave(&self.channel, owner);
     }
 }
 
@@ -184,11 +319,15 @@ impl Drop for Waiter {
 mod tests {
     use super::*;
 
+    fn registry() -> Arc<Wakeups> {
+        Arc::new(Wakeups::default())
+    }
+
     #[tokio::test]
     async fn a_release_after_join_is_seen() {
-        let reg = Arc::new(Wakeups::new(None));
+        let reg = registry();
         let ch: Arc<str> = "c".into();
-        let (mut w, needs_sub) = reg.join(&ch);
+        let (mut w, needs_sub) = reg.join(&ch, None);
         assert!(needs_sub);
         reg.notify("c");
         tokio::time::timeout(std::time::Duration::from_secs(5), w.released())
@@ -202,8 +341,8 @@ mod tests {
     /// other).
     async fn one_of_two_woken(reg: &Arc<Wakeups>) -> (Waiter, Waiter) {
         let ch: Arc<str> = "c".into();
-        let (mut a, _) = reg.join(&ch);
-        let (mut b, _) = reg.join(&ch);
+        let (mut a, _) = reg.join(&ch, None);
+        let (mut b, _) = reg.join(&ch, None);
         reg.notify("c");
         let a_first = tokio::select! {
             _ = a.released() => true,
@@ -219,7 +358,7 @@ mod tests {
     #[tokio::test]
     async fn a_waiter_dropped_after_its_wake_up_passes_it_on() {
         use std::time::Duration;
-        let reg = Arc::new(Wakeups::new(None));
+        let reg = registry();
         let (woken, mut other) = one_of_two_woken(&reg).await;
         // The woken waiter's caller is cancelled before its attempt.
         drop(woken);
@@ -231,7 +370,7 @@ mod tests {
     #[tokio::test]
     async fn one_release_wakes_one_waiter() {
         use std::time::Duration;
-        let reg = Arc::new(Wakeups::new(None));
+        let reg = registry();
         let (_woken, mut other) = one_of_two_woken(&reg).await;
         let other = &mut other;
         assert!(
@@ -244,5 +383,50 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(5), other.released())
             .await
             .expect("the second release did not wake the other waiter");
+    }
+
+    #[tokio::test]
+    async fn a_grant_reaches_its_owner_only() {
+        use std::time::Duration;
+        let reg = registry();
+        let ch: Arc<str> = "lock:{k}:granted:c1".into();
+        let (a_owner, b_owner): (Arc<str>, Arc<str>) = ("c1:1".into(), "c1:2".into());
+        let (mut a, _) = reg.join(&ch, Some(&a_owner));
+        let (mut b, _) = reg.join(&ch, Some(&b_owner));
+        let grant = Grant {
+            fence: 7,
+            at: Stamp::ServerMs(1),
+        };
+        assert!(reg.deliver(&ch, "c1:2", grant));
+        match tokio::time::timeout(Duration::from_secs(5), b.released()).await {
+            Ok(Woken::Granted(g)) => assert_eq!(g, grant),
+            other => panic!("the owner was not handed its grant: {other:?}"),
+        }
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), a.released())
+                .await
+                .is_err(),
+            "a grant woke a waiter it did not name"
+        );
+        assert!(!reg.deliver(&ch, "c1:9", grant), "a grant found a stranger");
+    }
+
+    #[tokio::test]
+    async fn a_grant_before_its_waiter_registered_is_kept_for_it() {
+        use std::time::Duration;
+        let reg = registry();
+        let ch: Arc<str> = "lock:{k}:granted:c1".into();
+        let grant = Grant {
+            fence: 3,
+            at: Stamp::ServerMs(1),
+        };
+        reg.granted(&ch, "c1:1", grant);
+        let owner: Arc<str> = "c1:1".into();
+        let (mut w, _) = reg.join(&ch, Some(&owner));
+        match tokio::time::timeout(Duration::from_secs(5), w.released()).await {
+            Ok(Woken::Granted(g)) => assert_eq!(g, grant),
+            other => panic!("the early grant was lost: {other:?}"),
+        }
+        assert!(reg.unclaimed.lock().unwrap().is_empty());
     }
 }

@@ -341,6 +341,7 @@ mod tests {
             _: &LockName,
             _: &Arc<str>,
             _: Duration,
+            _: crate::backend::Queue,
         ) -> BoxFuture<Result<Acquired, LockError>> {
             Box::pin(async { Err(LockError::other("not used")) })
         }
@@ -358,7 +359,11 @@ mod tests {
             })
         }
 
-        fn subscribe(&self, _: &LockName) -> BoxFuture<Result<Waiter, LockError>> {
+        fn subscribe(
+            &self,
+            _: &LockName,
+            _: &Arc<str>,
+        ) -> BoxFuture<Result<(Waiter, bool), LockError>> {
             Box::pin(async { Err(LockError::other("not used")) })
         }
 

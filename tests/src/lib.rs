@@ -253,7 +253,7 @@ impl Drop for RedisServer {
     }
 }
 
-/// The owner id in a lock's value, `"<owner> <token>"`.
+/// The owner id in a lock's value, `"<owner>"` or `"<owner> <mark>"`.
 pub fn owner_in(value: &str) -> &str {
     value.split(' ').next().unwrap_or_default()
 }

@@ -54,6 +54,11 @@ fn lock_keys(server: &RedisServer) -> Vec<String> {
     k
 }
 
+/// A lock's waiter queue (`…:queue`, `…:waiters`).
+fn is_queue(key: &str) -> bool {
+    key.ends_with(":queue") || key.ends_with(":waiters")
+}
+
 fn signal(pid: u32, sig: libc::c_int) {
     // SAFETY: kill(2) on a child we spawned and have not reaped.
     let rc = unsafe { libc::kill(pid as libc::pid_t, sig) };
@@ -474,7 +479,15 @@ fn run(mut s: Scenario<'_>, plan: Plan, workers: usize) -> Report {
     if expire_at > now {
         std::thread::sleep(Duration::from_nanos(expire_at - now));
     }
-    let leftover = lock_keys(s.server);
+    let mut leftover = lock_keys(s.server);
+    // A killed waiter's place in a queue lapses on its own, within
+    // retry_delay + jitter + 2 x op_timeout (1 s + 50 ms + 4 s here) of
+    // its last attempt.
+    let lapse_at = last_kill + Duration::from_millis(5_600).as_nanos() as u64;
+    while leftover.iter().any(|k| is_queue(k)) && history::now_ns() < lapse_at {
+        std::thread::sleep(Duration::from_millis(100));
+        leftover = lock_keys(s.server);
+    }
     s.fleet.exit_all();
 
     let hist = s.fleet.history();

@@ -1,10 +1,11 @@
 //! Redis Cluster: the lock scripts routed by key over a cluster connection.
 //!
-//! A lock's hash, fence counter and channel share the hash tag `{key}`, so
-//! every script touches one slot on one primary. The cluster connection
-//! follows MOVED/ASK and, after a failover, the promoted replica. Wake-ups
-//! come from a plain subscription on any node: a cluster broadcasts PUBLISH
-//! to all of them.
+//! A lock's key, fence counter, queue and channels share the hash tag
+//! `{key}`, so every script touches one slot on one primary. The cluster
+//! connection follows MOVED/ASK and, after a failover, the promoted
+//! replica. Grants travel on sharded pub/sub (`SPUBLISH` inside the release
+//! script, `SSUBSCRIBE` here): the message stays in the lock's shard, and
+//! the publish count tells the release whether the waiter's client listens.
 //!
 //! Replication is asynchronous: a lock granted by a primary that dies before
 //! its replica copied it is gone once the replica takes over. Another client
@@ -12,36 +13,172 @@
 //! the first one's next renewal (at most a third of the lease later, plus the
 //! failover time) finds the lock missing and reports it lost.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock, Weak};
 
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{ProtocolVersion, PushInfo, PushKind, Value};
 use tokio::runtime::Handle;
 
-use super::redis::{NodeSettings, RedisBackend, RedisNode, Releases};
-use super::subscribers::AnySubscriber;
+use super::redis::{client_of, heard, NodeSettings, RedisBackend, RedisNode, Releases};
 use super::BoxFuture;
-use crate::wakeups::Waiter;
+use crate::key::LockName;
+use crate::wakeups::{Waiter, Wakeups};
 use crate::LockError;
 
 /// A cluster is driven like one server: the cluster connection routes each
 /// script by its key.
-pub(crate) type ClusterBackend = RedisBackend<AnySubscriber>;
+pub(crate) type ClusterBackend = RedisBackend<ShardSubscriber>;
 
 pub(crate) async fn connect(
     urls: Vec<String>,
     settings: NodeSettings,
     io: Handle,
 ) -> Result<ClusterBackend, LockError> {
-    let subscriber = AnySubscriber::new(&urls, settings.clone(), io, settings.op_timeout)?;
+    let subscriber = ShardSubscriber::new(&urls, settings.clone(), io)?;
     let node = RedisNode::cluster(&urls, settings).await?;
     Ok(RedisBackend { node, subscriber })
 }
 
-impl Releases for AnySubscriber {
-    fn subscribe(&self, channel: &Arc<str>) -> BoxFuture<Result<Waiter, LockError>> {
-        AnySubscriber::subscribe(self, channel)
+/// Grants for this client's waiters, over one RESP3 cluster connection
+/// that subscribes each grant channel on its shard's primary.
+pub(crate) struct ShardSubscriber {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: ClusterClient,
+    settings: NodeSettings,
+    wakeups: Arc<Wakeups>,
+    conn: tokio::sync::OnceCell<ClusterConnection>,
+    gate: tokio::sync::Mutex<()>,
+    io: Handle,
+}
+
+impl ShardSubscriber {
+    fn new(urls: &[String], settings: NodeSettings, io: Handle) -> Result<Self, LockError> {
+        let me: Arc<OnceLock<Weak<Inner>>> = Arc::default();
+        let found = me.clone();
+        let on_idle: crate::wakeups::OnIdle = Arc::new(move |channel: Arc<str>| {
+            if let Some(inner) = found.get().and_then(Weak::upgrade) {
+                let io = inner.io.clone();
+                io.spawn(async move {
+                    // Kept a moment: a client that waits on this lock
+                    // often stays subscribed, and its next waiter hears
+                    // grants from the first attempt on.
+                    tokio::time::sleep(super::LINGER).await;
+                    inner.unsubscribe(channel).await
+                });
+            }
+        });
+        let wakeups = Arc::new(Wakeups::new(Some(on_idle)));
+        let pushed = wakeups.clone();
+        let push = move |info: PushInfo| {
+            match info.kind {
+                PushKind::SMessage | PushKind::Message => heard(&pushed, &info.data),
+                // Messages may have been missed: let every waiter check.
+                PushKind::Disconnection => pushed.notify_all(),
+                PushKind::SSubscribe => {
+                    if let Some(Value::BulkString(ch)) = info.data.first() {
+                        if let Ok(ch) = std::str::from_utf8(ch) {
+                            pushed.resubscribed(ch);
+                        }
+                    }
+                }
+                _ => {}
+            }
+            Ok::<(), ()>(())
+        };
+        let seeds = urls.join(", ");
+        let client = ClusterClient::builder(urls.iter().map(String::as_str))
+            .connection_timeout(settings.connect_timeout)
+            .response_timeout(settings.op_timeout)
+            .retries(3)
+            .min_retry_wait(50)
+            .max_retry_wait(500)
+            .use_protocol(ProtocolVersion::RESP3)
+            .push_sender(push)
+            .build()
+            .map_err(|e| LockError::Config(format!("bad Redis Cluster nodes `{seeds}`: {e}")))?;
+        let inner = Arc::new(Inner {
+            client,
+            settings,
+            wakeups,
+            conn: tokio::sync::OnceCell::new(),
+            gate: tokio::sync::Mutex::new(()),
+            io,
+        });
+        let _ = me.set(Arc::downgrade(&inner));
+        Ok(ShardSubscriber { inner })
+    }
+}
+
+impl Inner {
+    async fn conn(&self) -> Result<ClusterConnection, LockError> {
+        self.conn
+            .get_or_try_init(|| async {
+                let budget = self.settings.connect_timeout + self.settings.op_timeout;
+                tokio::time::timeout(budget, self.client.get_async_connection())
+                    .await
+                    .map_err(|_| LockError::timed_out("subscribing on Redis Cluster", budget))?
+                    .map_err(|e| LockError::redis("subscribing on Redis Cluster", e))
+            })
+            .await
+            .cloned()
     }
 
-    fn waiting(&self, channel: &str) -> usize {
-        AnySubscriber::waiting(self, channel)
+    async fn subscribe(&self, channel: &Arc<str>) -> Result<(), LockError> {
+        let mut conn = self.conn().await?;
+        let _gate = self.gate.lock().await;
+        self.wakeups.subscribing(channel);
+        let fut = conn.ssubscribe(&**channel);
+        match tokio::time::timeout(self.settings.op_timeout, fut).await {
+            Ok(Ok(())) => {
+                self.wakeups.mark_ready(channel);
+                Ok(())
+            }
+            Ok(Err(e)) => Err(LockError::redis("subscribing to lock grants", e)),
+            Err(_) => Err(LockError::timed_out(
+                "subscribing to lock grants",
+                self.settings.op_timeout,
+            )),
+        }
+    }
+
+    async fn unsubscribe(&self, channel: Arc<str>) {
+        let Ok(mut conn) = self.conn().await else {
+            return;
+        };
+        let _gate = self.gate.lock().await;
+        if self.wakeups.remove_if_idle(&channel) {
+            let _ =
+                tokio::time::timeout(self.settings.op_timeout, conn.sunsubscribe(&*channel)).await;
+        }
+    }
+}
+
+impl Releases for ShardSubscriber {
+    fn subscribe(
+        &self,
+        name: &LockName,
+        owner: Option<&Arc<str>>,
+    ) -> BoxFuture<Result<(Waiter, bool), LockError>> {
+        let inner = self.inner.clone();
+        let channel = match owner {
+            Some(o) => name.grant_channel(client_of(o)),
+            None => name.channel(),
+        };
+        let (waiter, needs) = inner.wakeups.join(&channel, owner);
+        Box::pin(async move {
+            if needs {
+                inner.subscribe(&channel).await?;
+            }
+            Ok((waiter, needs))
+        })
+    }
+
+    fn waiting(&self, name: &LockName) -> usize {
+        let w = &self.inner.wakeups;
+        w.waiters(&name.channel()) + w.waiters_under(&name.grants())
     }
 }

@@ -1,16 +1,17 @@
 //! Locks in this process: the same protocol as Redis (one owner per
-//! acquisition, lease expiry, fencing, wake-up on release) for
-//! single-instance services and users' unit tests.
+//! acquisition, lease expiry, fencing, a queue of waiters served in order
+//! by the release) for single-instance services and users' unit tests.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Acquired, Backend, BoxFuture, Released, Renewal, Renewed};
+use super::{Acquired, Backend, BoxFuture, Queue, Released, Renewal, Renewed};
+use crate::backend::redis::client_of;
 use crate::key::LockName;
-use crate::wakeups::{Waiter, Wakeups};
+use crate::wakeups::{Grant, Stamp, Waiter, Wakeups};
 use crate::LockError;
 
 #[derive(Default)]
@@ -23,6 +24,14 @@ pub(crate) struct MemoryBackend {
 struct State {
     locks: HashMap<Arc<str>, Lock>,
     fences: HashMap<Arc<str>, u64>,
+    queues: HashMap<Arc<str>, VecDeque<Queued>>,
+}
+
+/// A waiter in a lock's queue.
+struct Queued {
+    owner: Arc<str>,
+    lease: Duration,
+    until: Instant,
 }
 
 struct Lock {
@@ -40,34 +49,74 @@ impl State {
     }
 }
 
+impl State {
+    /// Make `owner` the holder; returns its token.
+    fn take(&mut self, name: &LockName, owner: Arc<str>, lease: Duration, now: Instant) -> u64 {
+        self.locks.insert(
+            name.hash.clone(),
+            Lock {
+                owner,
+                expires: now + lease,
+            },
+        );
+        let fence = self.fences.entry(name.hash.clone()).or_insert(0);
+        *fence += 1;
+        *fence
+    }
+
+    fn leave_queue(&mut self, hash: &str, owner: &str) {
+        if let Some(q) = self.queues.get_mut(hash) {
+            q.retain(|w| &*w.owner != owner);
+            if q.is_empty() {
+                self.queues.remove(hash);
+            }
+        }
+    }
+}
+
 impl MemoryBackend {
     pub(crate) fn new() -> Self {
         Self::default()
     }
 
-    fn acquire_now(&self, name: &LockName, owner: &Arc<str>, lease: Duration) -> Acquired {
+    fn acquire_now(
+        &self,
+        name: &LockName,
+        owner: &Arc<str>,
+        lease: Duration,
+        queue: Queue,
+    ) -> Acquired {
         let now = Instant::now();
         let mut state = self.state.lock().unwrap();
         if let Some(lock) = state.live(&name.hash, now) {
             if lock.owner == *owner {
                 lock.expires = now + lease;
-                let fence = state.fences.get(&name.fence).copied().unwrap_or(0);
+                let fence = state.fences.get(&name.hash).copied().unwrap_or(0);
                 return Acquired::Repeated { fence };
             }
+            let ttl = Some(lock.expires - now);
+            let Some(stay) = queue.stay else {
+                return Acquired::Busy { ttl, queued: None };
+            };
+            let q = state.queues.entry(name.hash.clone()).or_default();
+            match q.iter_mut().find(|w| w.owner == *owner) {
+                Some(w) => w.until = now + stay,
+                None => q.push_back(Queued {
+                    owner: owner.clone(),
+                    lease,
+                    until: now + stay,
+                }),
+            }
             return Acquired::Busy {
-                ttl: Some(lock.expires - now),
+                ttl,
+                queued: Some(super::Queued::Here),
             };
         }
-        state.locks.insert(
-            name.hash.clone(),
-            Lock {
-                owner: owner.clone(),
-                expires: now + lease,
-            },
-        );
-        let fence = state.fences.entry(name.fence.clone()).or_insert(0);
-        *fence += 1;
-        Acquired::Fresh { fence: *fence }
+        if queue.rejoin {
+            state.leave_queue(&name.hash, owner);
+        }
+        let fence = state.take(name, owner.clone(), lease, now);
+        Acquired::Fresh { fence }
     }
 
     fn release_now(&self, name: &LockName, owner: &Arc<str>) -> Released {
@@ -75,11 +124,36 @@ impl MemoryBackend {
         let mut state = self.state.lock().unwrap();
         match state.live(&name.hash, now) {
             Some(lock) if lock.owner == *owner => {}
-            _ => return Released::NotOwner,
+            _ => {
+                state.leave_queue(&name.hash, owner);
+                return Released::NotOwner;
+            }
         }
         state.locks.remove(&name.hash);
-        drop(state);
-        self.wakeups.notify(&name.channel);
+        // Serve the first waiter still waiting whose client takes the
+        // grant; the rest stay queued.
+        while let Some(next) = state
+            .queues
+            .get_mut(&name.hash)
+            .and_then(VecDeque::pop_front)
+        {
+            if next.until <= now {
+                continue;
+            }
+            let fence = state.fences.get(&name.hash).copied().unwrap_or(0) + 1;
+            let channel = name.grant_channel(client_of(&next.owner));
+            let grant = Grant {
+                fence,
+                at: Stamp::Local(now),
+            };
+            if self.wakeups.deliver(&channel, &next.owner, grant) {
+                state.take(name, next.owner, next.lease, now);
+                break;
+            }
+        }
+        if state.queues.get(&name.hash).is_some_and(VecDeque::is_empty) {
+            state.queues.remove(&name.hash);
+        }
         Released::Freed
     }
 
@@ -102,8 +176,9 @@ impl Backend for MemoryBackend {
         name: &LockName,
         owner: &Arc<str>,
         lease: Duration,
+        queue: Queue,
     ) -> BoxFuture<Result<Acquired, LockError>> {
-        let out = self.acquire_now(name, owner, lease);
+        let out = self.acquire_now(name, owner, lease, queue);
         Box::pin(async move { Ok(out) })
     }
 
@@ -117,13 +192,33 @@ impl Backend for MemoryBackend {
         Box::pin(async move { out })
     }
 
-    fn subscribe(&self, name: &LockName) -> BoxFuture<Result<Waiter, LockError>> {
-        let (waiter, _) = self.wakeups.join(&name.channel);
-        self.wakeups.mark_ready(&name.channel);
-        Box::pin(async move { Ok(waiter) })
+    fn subscribe(
+        &self,
+        name: &LockName,
+        owner: &Arc<str>,
+    ) -> BoxFuture<Result<(Waiter, bool), LockError>> {
+        let channel = name.grant_channel(client_of(owner));
+        let (waiter, fresh) = self.wakeups.join(&channel, Some(owner));
+        self.wakeups.mark_ready(&channel);
+        Box::pin(async move { Ok((waiter, fresh)) })
+    }
+
+    fn still_queued(
+        &self,
+        name: &LockName,
+        owner: &Arc<str>,
+    ) -> BoxFuture<Result<bool, LockError>> {
+        let queued = self
+            .state
+            .lock()
+            .unwrap()
+            .queues
+            .get(&name.hash)
+            .is_some_and(|q| q.iter().any(|w| w.owner == *owner));
+        Box::pin(async move { Ok(queued) })
     }
 
     fn waiting(&self, name: &LockName) -> usize {
-        self.wakeups.waiters(&name.channel)
+        self.wakeups.waiters_under(&name.grants())
     }
 }

@@ -17,6 +17,10 @@ pub(crate) mod redlock;
 pub(crate) mod sentinel;
 pub(crate) mod subscribers;
 
+/// How long a client stays subscribed to a lock's channel after its last
+/// waiter there left.
+pub(crate) const LINGER: Duration = Duration::from_secs(2);
+
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
 /// Outcome of one acquire attempt. Owner ids are unique per acquisition
@@ -30,7 +34,34 @@ pub(crate) enum Acquired {
     /// ran and its reply was lost. `fence` is the token it was given.
     Repeated { fence: u64 },
     /// Held by someone else for about `ttl` more (None: unknown).
-    Busy { ttl: Option<Duration> },
+    /// `queued`: this owner now waits in the lock's queue, and a release
+    /// will hand it the lock through its [`Waiter`]; the value is the
+    /// server's clock (ms) when it queued, to count a later grant's lease
+    /// from (None: the backend's own clock, in this process).
+    Busy {
+        ttl: Option<Duration>,
+        queued: Option<Queued>,
+    },
+}
+
+/// A busy attempt that joined the lock's queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Queued {
+    /// At this server time (ms).
+    At(u64),
+    /// In this process (memory): grants carry no clock.
+    Here,
+}
+
+/// What a busy attempt does besides saying so.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Queue {
+    /// Join the lock's queue (or, where there is none, make its release
+    /// wake waiters) for at most this long; `None`: just try once.
+    pub(crate) stay: Option<Duration>,
+    /// An earlier attempt of this owner may have queued it: a grant taken
+    /// directly must leave the queue too.
+    pub(crate) rejoin: bool,
 }
 
 /// Outcome of one release.
@@ -68,6 +99,7 @@ pub(crate) trait Backend: Send + Sync + 'static {
         name: &LockName,
         owner: &Arc<str>,
         lease: Duration,
+        queue: Queue,
     ) -> BoxFuture<Result<Acquired, LockError>>;
 
     fn release(&self, name: &LockName, owner: &Arc<str>) -> BoxFuture<Result<Released, LockError>>;
@@ -76,9 +108,33 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// outcome per item, in order.
     fn renew(&self, batch: Vec<Renewal>) -> BoxFuture<Vec<Renewed>>;
 
-    /// Start listening for the lock's release. The returned waiter is
-    /// subscribed before this resolves, so a release after it is not missed.
-    fn subscribe(&self, name: &LockName) -> BoxFuture<Result<Waiter, LockError>>;
+    /// Start listening for `owner`'s grant (or, where waiters do not
+    /// queue, the lock's release). The returned waiter is subscribed before
+    /// this resolves; the second value says whether this subscribed afresh
+    /// (a grant sent before that went unheard, and its queue entry was
+    /// skipped).
+    fn subscribe(
+        &self,
+        name: &LockName,
+        owner: &Arc<str>,
+    ) -> BoxFuture<Result<(Waiter, bool), LockError>>;
+
+    /// Whether `owner` still waits in the lock's queue (after a fresh
+    /// subscription: if not, a release passed it over meanwhile).
+    fn still_queued(
+        &self,
+        _name: &LockName,
+        _owner: &Arc<str>,
+    ) -> BoxFuture<Result<bool, LockError>> {
+        Box::pin(async { Ok(true) })
+    }
+
+    /// A grant handed over by a release must be confirmed by an attempt of
+    /// the new owner (Sentinel with `replica_acks`: that attempt waits for
+    /// the replicas, as a fresh grant does).
+    fn grants_need_confirming(&self) -> bool {
+        false
+    }
 
     /// Tasks of this client waiting for the lock's release.
     fn waiting(&self, name: &LockName) -> usize;

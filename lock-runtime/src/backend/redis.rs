@@ -11,11 +11,11 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, FromRedisValue, Pipeline, ProtocolVersion, PushInfo, PushKind, Value};
 use tokio::runtime::Handle;
 
-use super::{Acquired, Backend, BoxFuture, Released, Renewal, Renewed};
+use super::{Acquired, Backend, BoxFuture, Queue, Queued, Released, Renewal, Renewed};
 use crate::error::BackendError;
 use crate::key::LockName;
 use crate::scripts::{self, Script};
-use crate::wakeups::{Waiter, Wakeups};
+use crate::wakeups::{Grant, Stamp, Waiter, Wakeups};
 use crate::LockError;
 
 /// Renewals per EVALSHA: keeps one script call short enough not to stall
@@ -302,31 +302,55 @@ impl RedisNode {
     }
 
     /// Take the lock for `owner`. `floor`: the lowest token to hand out
-    /// (default: the server's clock in microseconds).
+    /// (default: the server's clock in microseconds). `queue`: what a busy
+    /// attempt does (Redlock nodes never queue; they mark the lock so that
+    /// its release wakes waiters).
     pub(crate) async fn acquire(
         &self,
         name: &LockName,
         owner: &str,
         lease: Duration,
         floor: Option<u64>,
+        queue: Queue,
     ) -> Result<Acquired, LockError> {
         let lease_ms = millis(lease).to_string();
-        let floor = floor.map(|f| f.to_string());
-        let mut args = vec![owner, &lease_ms];
-        args.extend(floor.as_deref());
-        let (flag, n): (i64, i64) = self
-            .eval(&scripts::ACQUIRE, &[&name.hash, &name.fence], &args)
+        let floor = floor.map(|f| f.to_string()).unwrap_or_default();
+        let stay = match (queue.stay, floor.is_empty()) {
+            (None, _) => String::new(),
+            (Some(_), false) => "w".to_owned(),
+            (Some(stay), true) => millis(stay).to_string(),
+        };
+        let rejoin = if queue.rejoin { "1" } else { "" };
+        let reply: Vec<i64> = self
+            .eval(
+                &scripts::ACQUIRE,
+                &[&name.hash, &name.fence(), &name.queue(), &name.waiters()],
+                &[owner, &lease_ms, &floor, &stay, rejoin],
+            )
             .await?;
+        let (flag, n, at) = match reply[..] {
+            [flag, n] => (flag, n, 0),
+            [flag, n, at] => (flag, n, at),
+            _ => {
+                return Err(LockError::other(format!(
+                    "acquire.lua on Redis at {}: unexpected reply {reply:?}",
+                    self.addr
+                )))
+            }
+        };
         Ok(match flag {
             1 => Acquired::Fresh { fence: n as u64 },
             2 => Acquired::Repeated { fence: n as u64 },
             _ => Acquired::Busy {
                 ttl: (n > 0).then(|| Duration::from_millis(n as u64)),
+                queued: (at > 0).then_some(Queued::At(at as u64)),
             },
         })
     }
 
-    /// Delete the lock if `owner` holds it, and wake waiters as `wake` says.
+    /// Release `owner`'s lock: hand it to the first live waiter in its
+    /// queue, or delete it; an owner that only waited leaves the queue.
+    /// `wake` is for Redlock, whose waiters do not queue.
     pub(crate) async fn release(
         &self,
         name: &LockName,
@@ -338,11 +362,15 @@ impl RedisNode {
             Wake::Always => "a",
             Wake::Never => "n",
         };
+        let publish = match self.conn {
+            Conn::Cluster(_) => "spublish",
+            Conn::Single(_) => "publish",
+        };
         let (freed, repeated): (i64, bool) = self
             .eval_noting_repeats(
                 &scripts::RELEASE,
-                &[&name.hash],
-                &[owner, &name.channel, flag],
+                &[&name.hash, &name.fence(), &name.queue(), &name.waiters()],
+                &[owner, &name.grants(), publish, &name.channel(), flag],
             )
             .await?;
         Ok(match freed {
@@ -358,11 +386,23 @@ impl RedisNode {
         })
     }
 
+    /// Whether `owner` still waits in the lock's queue.
+    pub(crate) async fn still_queued(
+        &self,
+        name: &LockName,
+        owner: &str,
+    ) -> Result<bool, LockError> {
+        let mut cmd = redis::cmd("HEXISTS");
+        cmd.arg(name.waiters()).arg(owner);
+        self.retrying(|| self.command::<bool>(cmd.clone(), "checking the lock queue"))
+            .await
+    }
+
     /// Raise the fence counter to at least `fence` (Redlock).
     pub(crate) async fn raise_fence(&self, name: &LockName, fence: u64) -> Result<(), LockError> {
         let fence = fence.to_string();
         let _: i64 = self
-            .eval(&scripts::RAISE_FENCE, &[&name.fence], &[&fence])
+            .eval(&scripts::RAISE_FENCE, &[&name.fence()], &[&fence])
             .await?;
         Ok(())
     }
@@ -399,7 +439,10 @@ impl RedisNode {
     async fn renew_one(&self, r: &Renewal) -> Renewed {
         let lease = millis(r.lease).to_string();
         match self
-            .eval::<Vec<u8>>(&scripts::RENEW, &[&r.name.hash], &[&lease, &r.owner])
+            .eval::<Vec<u8>>(&scripts::RENEW, &[&r.name.hash], &{
+                let (front, rest) = owner_parts(&r.owner);
+                [&*lease, front, rest]
+            })
             .await
         {
             Ok(flags) if flags.first() == Some(&b'1') => Renewed::Yes,
@@ -409,21 +452,25 @@ impl RedisNode {
     }
 
     async fn renew_once(&self, batch: &[Renewal]) -> Result<Vec<Renewed>, LockError> {
-        // One EVALSHA per lease and chunk: locks of a client mostly share a
-        // lease, which then travels once per call instead of once per lock.
+        // One EVALSHA per lease and chunk: a client's locks mostly share a
+        // lease, and all share the front of their owner ids, which then
+        // travel once per call instead of once per lock.
+        let group_of = |i: usize| (batch[i].lease, owner_parts(&batch[i].owner).0);
         let mut order: Vec<usize> = (0..batch.len()).collect();
-        if batch.windows(2).any(|w| w[0].lease != w[1].lease) {
-            order.sort_by_key(|&i| batch[i].lease);
+        if (1..batch.len()).any(|i| group_of(i) != group_of(0)) {
+            order.sort_by(|&a, &b| group_of(a).cmp(&group_of(b)));
         }
         let mut pipe = Pipeline::new();
         let mut calls = 0;
-        for group in order.chunk_by(|&a, &b| batch[a].lease == batch[b].lease) {
-            let lease = millis(batch[group[0]].lease).to_string();
+        for group in order.chunk_by(|&a, &b| group_of(a) == group_of(b)) {
+            let (lease, front) = group_of(group[0]);
+            let lease = millis(lease).to_string();
             for chunk in group.chunks(RENEW_CHUNK) {
                 let keys: Vec<&str> = chunk.iter().map(|&i| &*batch[i].name.hash).collect();
-                let mut args: Vec<&str> = Vec::with_capacity(chunk.len() + 1);
+                let mut args: Vec<&str> = Vec::with_capacity(chunk.len() + 2);
                 args.push(&lease);
-                args.extend(chunk.iter().map(|&i| &*batch[i].owner));
+                args.push(front);
+                args.extend(chunk.iter().map(|&i| owner_parts(&batch[i].owner).1));
                 pipe.add_command(scripts::RENEW.evalsha(&keys, &args));
                 calls += 1;
             }
@@ -512,7 +559,13 @@ impl Subscriber {
             let on_idle: crate::wakeups::OnIdle = Arc::new(move |channel: Arc<str>| {
                 if let Some(inner) = weak.upgrade() {
                     let io = inner.io.clone();
-                    io.spawn(async move { inner.unsubscribe(channel).await });
+                    io.spawn(async move {
+                        // Kept a moment: a client that waits on this lock
+                        // often stays subscribed, and its next waiter hears
+                        // grants from the first attempt on.
+                        tokio::time::sleep(super::LINGER).await;
+                        inner.unsubscribe(channel).await
+                    });
                 }
             });
             SubInner {
@@ -527,8 +580,9 @@ impl Subscriber {
         Ok(Subscriber { inner })
     }
 
-    pub(crate) fn waiting(&self, channel: &str) -> usize {
-        self.inner.wakeups.waiters(channel)
+    pub(crate) fn waiting(&self, name: &LockName) -> usize {
+        let w = &self.inner.wakeups;
+        w.waiters(&name.channel()) + w.waiters_under(&name.grants())
     }
 
     /// This server is no longer where releases are published (a Sentinel
@@ -538,16 +592,26 @@ impl Subscriber {
         self.inner.wakeups.retire();
     }
 
-    /// Subscribe (if this client does not yet listen) and return a waiter.
-    pub(crate) fn subscribe(&self, channel: &Arc<str>) -> BoxFuture<Result<Waiter, LockError>> {
+    /// Subscribe (if this client does not yet listen) and return a waiter,
+    /// with whether this subscribed afresh. With `owner`, the waiter hears
+    /// that owner's grant on its client's grant channel; without, the
+    /// lock's releases.
+    pub(crate) fn subscribe(
+        &self,
+        name: &LockName,
+        owner: Option<&Arc<str>>,
+    ) -> BoxFuture<Result<(Waiter, bool), LockError>> {
         let inner = self.inner.clone();
-        let (waiter, needs) = inner.wakeups.join(channel);
-        let channel = channel.clone();
+        let channel = match owner {
+            Some(o) => name.grant_channel(client_of(o)),
+            None => name.channel(),
+        };
+        let (waiter, needs) = inner.wakeups.join(&channel, owner);
         Box::pin(async move {
             if needs {
                 inner.subscribe(&channel).await?;
             }
-            Ok(waiter)
+            Ok((waiter, needs))
         })
     }
 }
@@ -559,13 +623,7 @@ impl SubInner {
             .get_or_try_init(|| async {
                 let push = move |info: PushInfo| {
                     match info.kind {
-                        PushKind::Message => {
-                            if let Some(Value::BulkString(ch)) = info.data.first() {
-                                if let Ok(ch) = std::str::from_utf8(ch) {
-                                    wakeups.notify(ch);
-                                }
-                            }
-                        }
+                        PushKind::Message => heard(&wakeups, &info.data),
                         // Messages may have been missed: let every waiter retry.
                         PushKind::Disconnection => wakeups.notify_all(),
                         // Subscribed again after a reconnect: a release
@@ -609,6 +667,7 @@ impl SubInner {
     async fn subscribe(&self, channel: &Arc<str>) -> Result<(), LockError> {
         let mut conn = self.conn().await?;
         let _gate = self.gate.lock().await;
+        self.wakeups.subscribing(channel);
         let fut = conn.subscribe(&**channel);
         match tokio::time::timeout(self.settings.op_timeout, fut).await {
             Ok(Ok(())) => {
@@ -635,6 +694,50 @@ impl SubInner {
     }
 }
 
+/// An owner id (`<client id>:<n>`) split after its first `:`.
+fn owner_parts(owner: &str) -> (&str, &str) {
+    owner.split_at(owner.find(':').map_or(0, |i| i + 1))
+}
+
+/// The client id at the front of an owner id (`<client id>:<n>`).
+pub(crate) fn client_of(owner: &str) -> &str {
+    owner.split(':').next().unwrap_or(owner)
+}
+
+/// A message on a lock channel: a grant (`<owner> <token> <server ms>`) on
+/// a grant channel, an empty wake-up on a release channel.
+pub(crate) fn heard(wakeups: &Wakeups, data: &[Value]) {
+    let (Some(Value::BulkString(ch)), Some(Value::BulkString(msg))) = (data.first(), data.get(1))
+    else {
+        return;
+    };
+    let Ok(ch) = std::str::from_utf8(ch) else {
+        return;
+    };
+    if msg.is_empty() {
+        wakeups.notify(ch);
+        return;
+    }
+    let Ok(msg) = std::str::from_utf8(msg) else {
+        return;
+    };
+    let mut parts = msg.split(' ');
+    let (Some(owner), Some(fence), Some(at)) = (parts.next(), parts.next(), parts.next()) else {
+        return;
+    };
+    let (Ok(fence), Ok(at)) = (fence.parse::<u64>(), at.parse::<u64>()) else {
+        return;
+    };
+    wakeups.granted(
+        ch,
+        owner,
+        Grant {
+            fence,
+            at: Stamp::ServerMs(at),
+        },
+    );
+}
+
 /// A single Redis server.
 pub(crate) struct RedisBackend<S = Subscriber> {
     pub(crate) node: RedisNode,
@@ -644,17 +747,25 @@ pub(crate) struct RedisBackend<S = Subscriber> {
 /// Where a node backend hears of releases: one server's channel, or any
 /// node of a cluster.
 pub(crate) trait Releases: Send + Sync + 'static {
-    fn subscribe(&self, channel: &Arc<str>) -> BoxFuture<Result<Waiter, LockError>>;
-    fn waiting(&self, channel: &str) -> usize;
+    fn subscribe(
+        &self,
+        name: &LockName,
+        owner: Option<&Arc<str>>,
+    ) -> BoxFuture<Result<(Waiter, bool), LockError>>;
+    fn waiting(&self, name: &LockName) -> usize;
 }
 
 impl Releases for Subscriber {
-    fn subscribe(&self, channel: &Arc<str>) -> BoxFuture<Result<Waiter, LockError>> {
-        Subscriber::subscribe(self, channel)
+    fn subscribe(
+        &self,
+        name: &LockName,
+        owner: Option<&Arc<str>>,
+    ) -> BoxFuture<Result<(Waiter, bool), LockError>> {
+        Subscriber::subscribe(self, name, owner)
     }
 
-    fn waiting(&self, channel: &str) -> usize {
-        Subscriber::waiting(self, channel)
+    fn waiting(&self, name: &LockName) -> usize {
+        Subscriber::waiting(self, name)
     }
 }
 
@@ -676,9 +787,10 @@ impl<S: Releases> Backend for RedisBackend<S> {
         name: &LockName,
         owner: &Arc<str>,
         lease: Duration,
+        queue: Queue,
     ) -> BoxFuture<Result<Acquired, LockError>> {
         let (node, name, owner) = (self.node.clone(), name.clone(), owner.clone());
-        Box::pin(async move { node.acquire(&name, &owner, lease, None).await })
+        Box::pin(async move { node.acquire(&name, &owner, lease, None, queue).await })
     }
 
     fn release(&self, name: &LockName, owner: &Arc<str>) -> BoxFuture<Result<Released, LockError>> {
@@ -691,11 +803,24 @@ impl<S: Releases> Backend for RedisBackend<S> {
         Box::pin(async move { node.renew(&batch).await })
     }
 
-    fn subscribe(&self, name: &LockName) -> BoxFuture<Result<Waiter, LockError>> {
-        self.subscriber.subscribe(&name.channel)
+    fn subscribe(
+        &self,
+        name: &LockName,
+        owner: &Arc<str>,
+    ) -> BoxFuture<Result<(Waiter, bool), LockError>> {
+        self.subscriber.subscribe(name, Some(owner))
+    }
+
+    fn still_queued(
+        &self,
+        name: &LockName,
+        owner: &Arc<str>,
+    ) -> BoxFuture<Result<bool, LockError>> {
+        let (node, name, owner) = (self.node.clone(), name.clone(), owner.clone());
+        Box::pin(async move { node.still_queued(&name, &owner).await })
     }
 
     fn waiting(&self, name: &LockName) -> usize {
-        self.subscriber.waiting(&name.channel)
+        self.subscriber.waiting(name)
     }
 }

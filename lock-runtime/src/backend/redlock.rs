@@ -31,7 +31,7 @@ use tokio::time::Instant;
 
 use super::redis::{NodeSettings, RedisNode, Wake};
 use super::subscribers::AnySubscriber;
-use super::{Acquired, Backend, BoxFuture, Released, Renewal, Renewed};
+use super::{Acquired, Backend, BoxFuture, Queue, Released, Renewal, Renewed};
 use crate::key::LockName;
 use crate::wakeups::Waiter;
 use crate::LockError;
@@ -215,6 +215,7 @@ impl Shared {
         name: &LockName,
         owner: &str,
         lease: Duration,
+        queue: Queue,
     ) -> Result<Acquired, LockError> {
         let started = Instant::now();
         let n = self.slots.len();
@@ -226,7 +227,7 @@ impl Shared {
             .all(self.node_timeout(lease), |s| async move {
                 s.node()
                     .await?
-                    .acquire(name, owner, lease, Some(floor))
+                    .acquire(name, owner, lease, Some(floor), queue)
                     .await
             })
             .await;
@@ -238,7 +239,7 @@ impl Shared {
                 Ok(Acquired::Fresh { fence } | Acquired::Repeated { fence }) => {
                     fresh.push((i, *fence))
                 }
-                Ok(Acquired::Busy { ttl }) => {
+                Ok(Acquired::Busy { ttl, .. }) => {
                     busy += 1;
                     if let Some(t) = ttl {
                         busy_ttl = Some(busy_ttl.map_or(*t, |b: Duration| b.min(*t)));
@@ -268,9 +269,13 @@ impl Shared {
                 let pause = self.jitter.mul_f64(fastrand::f64());
                 return Ok(Acquired::Busy {
                     ttl: Some(pause.max(Duration::from_millis(1))),
+                    queued: None,
                 });
             }
-            return Ok(Acquired::Busy { ttl: busy_ttl });
+            return Ok(Acquired::Busy {
+                ttl: busy_ttl,
+                queued: None,
+            });
         }
 
         // The token is the highest any granting node handed out; every
@@ -383,9 +388,10 @@ impl Backend for RedlockBackend {
         name: &LockName,
         owner: &Arc<str>,
         lease: Duration,
+        queue: Queue,
     ) -> BoxFuture<Result<Acquired, LockError>> {
         let (shared, name, owner) = (self.shared.clone(), name.clone(), owner.clone());
-        Box::pin(async move { shared.acquire(&name, &owner, lease).await })
+        Box::pin(async move { shared.acquire(&name, &owner, lease, queue).await })
     }
 
     fn release(&self, name: &LockName, owner: &Arc<str>) -> BoxFuture<Result<Released, LockError>> {
@@ -398,12 +404,16 @@ impl Backend for RedlockBackend {
         Box::pin(async move { shared.renew(batch).await })
     }
 
-    fn subscribe(&self, name: &LockName) -> BoxFuture<Result<Waiter, LockError>> {
-        self.subscriber.subscribe(&name.channel)
+    fn subscribe(
+        &self,
+        name: &LockName,
+        _owner: &Arc<str>,
+    ) -> BoxFuture<Result<(Waiter, bool), LockError>> {
+        self.subscriber.subscribe(name)
     }
 
     fn waiting(&self, name: &LockName) -> usize {
-        self.subscriber.waiting(&name.channel)
+        self.subscriber.waiting(name)
     }
 
     fn drift(&self, lease: Duration) -> Duration {

@@ -18,7 +18,7 @@ use tokio::runtime::Handle;
 use tokio::time::Instant;
 
 use super::redis::{NodeSettings, RedisNode, Subscriber, Wake};
-use super::{Acquired, Backend, BoxFuture, Released, Renewal, Renewed};
+use super::{Acquired, Backend, BoxFuture, Queue, Released, Renewal, Renewed};
 use crate::error::BackendError;
 use crate::key::LockName;
 use crate::wakeups::Waiter;
@@ -264,13 +264,14 @@ impl Shared {
         name: &LockName,
         owner: &str,
         lease: Duration,
+        queue: Queue,
     ) -> Result<Acquired, LockError> {
         self.on_primary(|p| async move {
             let Some((replicas, wait)) = self.acks else {
-                return p.node.acquire(name, owner, lease, None).await;
+                return p.node.acquire(name, owner, lease, None, queue).await;
             };
             let node = p.acks_node.as_ref().unwrap_or(&p.node);
-            let out = node.acquire(name, owner, lease, None).await?;
+            let out = node.acquire(name, owner, lease, None, queue).await?;
             // A repeat (an earlier send's reply was lost) waits too: its
             // PEXPIRE is a write on this connection, so replicas that
             // acknowledge it also have the lock.
@@ -305,9 +306,10 @@ impl Backend for SentinelBackend {
         name: &LockName,
         owner: &Arc<str>,
         lease: Duration,
+        queue: Queue,
     ) -> BoxFuture<Result<Acquired, LockError>> {
         let (shared, name, owner) = (self.shared.clone(), name.clone(), owner.clone());
-        Box::pin(async move { shared.acquire(&name, &owner, lease).await })
+        Box::pin(async move { shared.acquire(&name, &owner, lease, queue).await })
     }
 
     fn release(&self, name: &LockName, owner: &Arc<str>) -> BoxFuture<Result<Released, LockError>> {
@@ -353,17 +355,39 @@ impl Backend for SentinelBackend {
         })
     }
 
-    fn subscribe(&self, name: &LockName) -> BoxFuture<Result<Waiter, LockError>> {
-        let (shared, channel) = (self.shared.clone(), name.channel.clone());
+    fn subscribe(
+        &self,
+        name: &LockName,
+        owner: &Arc<str>,
+    ) -> BoxFuture<Result<(Waiter, bool), LockError>> {
+        let (shared, name, owner) = (self.shared.clone(), name.clone(), owner.clone());
         Box::pin(async move {
-            let channel = &channel;
+            let (name, owner) = (&name, &owner);
             shared
-                .on_primary(|p| async move { p.subscriber.subscribe(channel).await })
+                .on_primary(|p| async move { p.subscriber.subscribe(name, Some(owner)).await })
+                .await
+        })
+    }
+
+    fn still_queued(
+        &self,
+        name: &LockName,
+        owner: &Arc<str>,
+    ) -> BoxFuture<Result<bool, LockError>> {
+        let (shared, name, owner) = (self.shared.clone(), name.clone(), owner.clone());
+        Box::pin(async move {
+            let (name, owner) = (&name, &owner);
+            shared
+                .on_primary(|p| async move { p.node.still_queued(name, owner).await })
                 .await
         })
     }
 
     fn waiting(&self, name: &LockName) -> usize {
-        self.shared.current().subscriber.waiting(&name.channel)
+        self.shared.current().subscriber.waiting(name)
+    }
+
+    fn grants_need_confirming(&self) -> bool {
+        self.shared.acks.is_some()
     }
 }

@@ -1,8 +1,9 @@
-//! Release wake-ups from whichever of several nodes answers.
+//! Redlock release wake-ups from whichever of several nodes answers.
 //!
-//! A release reaches every node that may hold the lock (Redlock releases on
-//! all of them; a Redis Cluster broadcasts PUBLISH to every node), so one
-//! subscription per lock, on any live node, hears it. A node that dies while
+//! A Redlock release reaches every node (and publishes on each, also where
+//! the lock is absent), so one subscription per lock, on any live node,
+//! hears it. Redlock waiters do not queue: each node would serve its own
+//! queue's head, and no majority would agree on who is next. A node that dies while
 //! listened to wakes its waiters (they retry), and the waiters' fallback
 //! retry covers any message lost on the way.
 
@@ -14,6 +15,7 @@ use tokio::runtime::Handle;
 
 use super::redis::{NodeSettings, Subscriber};
 use super::BoxFuture;
+use crate::key::LockName;
 use crate::wakeups::Waiter;
 use crate::LockError;
 
@@ -43,21 +45,24 @@ impl AnySubscriber {
         })
     }
 
-    pub(crate) fn waiting(&self, channel: &str) -> usize {
-        self.subs.iter().map(|(_, s)| s.waiting(channel)).sum()
+    pub(crate) fn waiting(&self, name: &LockName) -> usize {
+        self.subs.iter().map(|(_, s)| s.waiting(name)).sum()
     }
 
     /// Subscribe on the first node that confirms, starting with the one
     /// that worked last time.
-    pub(crate) fn subscribe(&self, channel: &Arc<str>) -> BoxFuture<Result<Waiter, LockError>> {
+    pub(crate) fn subscribe(
+        &self,
+        name: &LockName,
+    ) -> BoxFuture<Result<(Waiter, bool), LockError>> {
         let (subs, preferred, timeout) = (self.subs.clone(), self.preferred.clone(), self.timeout);
-        let channel = channel.clone();
+        let name = name.clone();
         Box::pin(async move {
             let start = preferred.load(Ordering::Relaxed);
             let mut failures = Vec::new();
             for i in (0..subs.len()).map(|k| (start + k) % subs.len()) {
                 let (url, sub) = &subs[i];
-                match tokio::time::timeout(timeout, sub.subscribe(&channel)).await {
+                match tokio::time::timeout(timeout, sub.subscribe(&name, None)).await {
                     Ok(Ok(waiter)) => {
                         preferred.store(i, Ordering::Relaxed);
                         return Ok(waiter);

@@ -119,37 +119,91 @@ impl Monitor {
     }
 }
 
+/// Top-level script commands: what a client sends to run a script.
+pub const SCRIPT_COMMANDS: &[&str] = &[
+    "eval",
+    "evalsha",
+    "eval_ro",
+    "evalsha_ro",
+    "fcall",
+    "fcall_ro",
+];
+
+/// `calls` per command in `INFO commandstats` (`evalsha`, `config|resetstat`),
+/// or the difference of two readings.
+#[derive(Debug, Default, Clone)]
+pub struct CommandStats(pub BTreeMap<String, u64>);
+
+impl CommandStats {
+    /// One `INFO commandstats` reading.
+    pub fn read(conn: &mut redis::Connection) -> CommandStats {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(conn)
+            .unwrap_or_default();
+        CommandStats(
+            info.lines()
+                .filter_map(|l| l.strip_prefix("cmdstat_"))
+                .filter_map(|l| {
+                    let (name, rest) = l.split_once(":calls=")?;
+                    let calls = rest.split(',').next()?.parse::<u64>().ok()?;
+                    Some((name.to_owned(), calls))
+                })
+                .collect(),
+        )
+    }
+
+    /// A reading the Python contender took itself: `{"evalsha": 12, …}`.
+    pub fn from_json(v: Option<&serde_json::Value>) -> Option<CommandStats> {
+        let map = v?.as_object()?;
+        Some(CommandStats(
+            map.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_u64()?)))
+                .collect(),
+        ))
+    }
+
+    /// What ran between `before` and this reading.
+    pub fn since(&self, before: &CommandStats) -> CommandStats {
+        CommandStats(
+            self.0
+                .iter()
+                .map(|(k, &v)| (k.clone(), v.saturating_sub(before.get(k))))
+                .filter(|&(_, v)| v > 0)
+                .collect(),
+        )
+    }
+
+    pub fn get(&self, command: &str) -> u64 {
+        self.0.get(command).copied().unwrap_or(0)
+    }
+
+    /// Top-level script calls (`EVALSHA`, `EVAL`, …).
+    pub fn scripts(&self) -> u64 {
+        SCRIPT_COMMANDS.iter().map(|c| self.get(c)).sum()
+    }
+
+    /// Every command Redis ran, including the ones scripts run, leaving out
+    /// the commands the counting itself sends (`INFO`, `CONFIG RESETSTAT`,
+    /// the `ECHO` markers).
+    pub fn total(&self) -> u64 {
+        self.0
+            .iter()
+            .filter(|(k, _)| !k.starts_with("config|") && *k != "echo" && *k != "info")
+            .map(|(_, v)| v)
+            .sum()
+    }
+}
+
 /// Sum of `calls` in `INFO commandstats`, leaving out the commands the
 /// counting itself sends (`CONFIG RESETSTAT`, the `ECHO` markers).
 pub fn commandstats_total(conn: &mut redis::Connection) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(conn)
-        .unwrap_or_default();
-    info.lines()
-        .filter_map(|l| l.strip_prefix("cmdstat_"))
-        .filter(|l| !l.starts_with("config|") && !l.starts_with("echo:"))
-        .filter_map(|l| {
-            l.split_once(":calls=")?
-                .1
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
+    CommandStats::read(conn).total()
 }
 
 /// Calls of one command in `INFO commandstats` (`evalsha`, `pexpire`).
 pub fn commandstats_calls(conn: &mut redis::Connection, command: &str) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(conn)
-        .unwrap_or_default();
-    let prefix = format!("cmdstat_{command}:calls=");
-    info.lines()
-        .find_map(|l| l.strip_prefix(&prefix)?.split(',').next()?.parse().ok())
-        .unwrap_or(0)
+    CommandStats::read(conn).get(command)
 }
 
 pub fn reset_stats(conn: &mut redis::Connection) {

@@ -12,7 +12,10 @@ Modes:
                bench can count round trips with MONITOR and INFO commandstats
   throughput   --tasks threads on distinct keys for --seconds: cycles per second
   handoff      --tasks threads on one key, each holding --hold-ms: time from just
-               before a holder calls release to the next holder running
+               before a holder calls release to the next holder running, each
+               acquisition's wait (asking to holding), and the `INFO
+               commandstats` calls over the window (connections opened and the
+               release script loaded before it)
 """
 
 import argparse
@@ -84,18 +87,47 @@ def throughput(r, args):
     return {"ops": c1 - c0, "seconds": (t1 - t0) / 1e9, "errors": errors[:3]}
 
 
+def commandstats(r):
+    """`calls` per command in INFO commandstats: {"evalsha": 12, ...}."""
+    out = {}
+    for k, v in r.info("commandstats").items():
+        if k.startswith("cmdstat_") and isinstance(v, dict) and "calls" in v:
+            out[k[len("cmdstat_"):]] = int(v["calls"])
+    return out
+
+
+def warm_pool(r, n):
+    """Open `n` pooled connections now, so that connecting stays out of the
+    counted window."""
+    pool = r.connection_pool
+    conns = []
+    for _ in range(n):
+        try:
+            conns.append(pool.get_connection())
+        except TypeError:  # redis-py < 6 wants a command name
+            conns.append(pool.get_connection("PING"))
+    for c in conns:
+        c.connect()
+        pool.release(c)
+
+
 def handoff(r, args):
     key = f"{args.tag}:handoff"
     cond = threading.Condition()
     state = {"gen": 0, "released_at": None}
     samples = []
     holds = []
+    waits = []
     errors = []
+    warm_pool(r, args.tasks)
+    cycle(r, f"{args.tag}:warm")  # loads the release script
+    stats_before = commandstats(r)
     deadline = time.perf_counter_ns() + int(args.seconds * 1e9)
 
     def worker():
         try:
             while time.perf_counter_ns() < deadline:
+                asked = time.perf_counter_ns()
                 lock = r.lock(key, timeout=LEASE_S, blocking_timeout=60)
                 if not lock.acquire():
                     raise RuntimeError("waited 60 s for the lock")
@@ -103,8 +135,10 @@ def handoff(r, args):
                 with cond:
                     if state["released_at"] is not None:
                         samples.append(started - state["released_at"])
+                    waits.append(started - asked)
                     state["gen"] += 1
                     mine = state["gen"]
+                    cond.notify_all()  # the threads that released may ask again
                 time.sleep(args.hold_ms / 1000)
                 with cond:
                     state["released_at"] = time.perf_counter_ns()
@@ -122,7 +156,15 @@ def handoff(r, args):
         th.start()
     for th in threads:
         th.join()
-    return {"samples_ns": samples, "holds_ns": holds, "errors": errors[:3]}
+    stats_after = commandstats(r)
+    return {
+        "samples_ns": samples,
+        "holds_ns": holds,
+        "waits_ns": waits,
+        "commandstats_before": stats_before,
+        "commandstats_after": stats_after,
+        "errors": errors[:3],
+    }
 
 
 def main():

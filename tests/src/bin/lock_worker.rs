@@ -2,8 +2,8 @@
 //!
 //! `lock_worker increment URL KEY ROUNDS`: read-modify-write a Redis counter
 //! under `#[distributed_lock]`, printing each fence.
-//! `lock_worker hold URL KEY LEASE_MS`: take the lock, print `HELD <fence>`,
-//! and keep it (renewed) until killed.
+//! `lock_worker hold URL KEY LEASE_MS`: take the lock (waiting up to 60 s),
+//! print `HELD <fence>`, and keep it (renewed) until killed.
 //! A leading `--redlock` makes URL a comma-separated list of independent
 //! servers locked with Redlock; the counter lives on the first of them.
 
@@ -68,6 +68,7 @@ async fn main() -> Result<(), LockError> {
             let guard = lock_runtime::client()?
                 .lock(key)
                 .lease(Duration::from_millis(n))
+                .wait(Duration::from_secs(60))
                 .await?;
             writeln!(out, "HELD {}", guard.fence()).unwrap();
             out.flush().unwrap();

@@ -1,0 +1,282 @@
+//! Hand-off through the lock's queue, against real Redis servers (and the
+//! in-memory backend, which keeps the same queue): a contended acquisition
+//! costs two script calls whatever the number of clients; waiters are
+//! served in the order they queued; a waiter that died, gave up or was
+//! dropped does not stall the lock nor leave anything behind; a waiter
+//! whose subscription was cut still gets the lock.
+
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lock_runtime::{LockClient, LockError};
+use tests::{eventually, spawn_tied, unique, RedisServer};
+
+async fn clients(server: &RedisServer, n: usize) -> Vec<LockClient> {
+    let mut v = Vec::new();
+    for _ in 0..n {
+        v.push(LockClient::connect(&server.url()).await.unwrap());
+    }
+    v
+}
+
+fn queued(server: &RedisServer, key: &str) -> i64 {
+    server.cmd(&["HLEN", &format!("lock:{{{key}}}:waiters")])
+}
+
+/// Script calls (EVALSHA and EVAL) Redis answered since the last reset.
+fn script_calls(server: &RedisServer) -> u64 {
+    server.calls("evalsha") + server.calls("eval")
+}
+
+/// 16 tasks over 4 clients take turns on one key, each holding it for a
+/// moment, 25 times each. Every acquisition costs its failed attempt (which
+/// queued it) and its holder's release (which handed it over): two script
+/// calls, whatever the number of clients.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_contended_acquisition_costs_two_script_calls() {
+    let server = RedisServer::start();
+    let clients = clients(&server, 4).await;
+    let key = unique("contended");
+    const TASKS: usize = 16;
+    const ROUNDS: usize = 25;
+    // Everyone queues behind one holder first, so that every acquisition
+    // in the window is contended.
+    let first = clients[0]
+        .lock(&key)
+        .wait(Duration::from_secs(5))
+        .await
+        .unwrap();
+    server.reset_stats();
+    let mut tasks = Vec::new();
+    for t in 0..TASKS {
+        let c = clients[t % clients.len()].clone();
+        let key = key.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..ROUNDS {
+                let g = c.lock(&key).wait(Duration::from_secs(30)).await?;
+                tokio::time::sleep(Duration::from_micros(300)).await;
+                g.release().await?;
+            }
+            Ok::<(), LockError>(())
+        }));
+    }
+    let all_queued = eventually(Duration::from_secs(10), || {
+        queued(&server, &key) == TASKS as i64
+    })
+    .await;
+    assert!(all_queued, "the 16 tasks did not all queue");
+    first.release().await.unwrap();
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    let acquisitions = (TASKS * ROUNDS) as f64;
+    // The first holder's release is counted in the window; its acquire is
+    // not.
+    let calls = script_calls(&server) as f64 - 1.0;
+    let handoffs = server.calls("publish");
+    println!(
+        "{acquisitions} contended acquisitions: {calls} script calls ({:.3} each), {handoffs} grants published, {} Redis commands",
+        calls / acquisitions,
+        server.all_calls()
+    );
+    assert!(
+        calls / acquisitions <= 2.0,
+        "{calls} script calls for {acquisitions} contended acquisitions"
+    );
+    assert!(
+        !server.exists(&format!("lock:{{{key}}}:queue"))
+            && !server.exists(&format!("lock:{{{key}}}")),
+        "the lock or its queue is left: {:?}",
+        server.keys(&format!("lock:{{{key}}}*"))
+    );
+}
+
+/// Waiters of three clients queue one after the other behind a holder;
+/// each release hands the lock to the next in that order, with a higher
+/// token each time.
+async fn served_in_queue_order(clients: &[LockClient], queued: impl Fn(&str) -> i64) {
+    let key = unique("fifo");
+    let holder = clients[0].lock(&key).await.unwrap();
+    let order: Arc<Mutex<Vec<(usize, u64)>>> = Arc::default();
+    let mut tasks = Vec::new();
+    for i in 0..6 {
+        let (c, k, order) = (
+            clients[i % clients.len()].clone(),
+            key.clone(),
+            order.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let g = c.lock(&k).wait(Duration::from_secs(20)).await?;
+            order.lock().unwrap().push((i, g.fence()));
+            g.release().await
+        }));
+        // The next one asks only once this one is in the queue.
+        let in_queue = eventually(Duration::from_secs(10), || queued(&key) == i as i64 + 1).await;
+        assert!(in_queue, "waiter {i} did not queue");
+    }
+    let first_fence = holder.fence();
+    holder.release().await.unwrap();
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    let order = order.lock().unwrap().clone();
+    let who: Vec<usize> = order.iter().map(|o| o.0).collect();
+    assert_eq!(who, (0..6).collect::<Vec<_>>(), "not served in queue order");
+    let mut last = first_fence;
+    for (i, fence) in order {
+        assert!(fence > last, "waiter {i} got token {fence} after {last}");
+        last = fence;
+    }
+}
+
+#[tokio::test]
+async fn waiters_are_served_in_the_order_they_queued() {
+    let server = RedisServer::start();
+    let clients = clients(&server, 3).await;
+    served_in_queue_order(&clients, |key| queued(&server, key)).await;
+}
+
+#[tokio::test]
+async fn in_memory_waiters_are_served_in_the_order_they_queued() {
+    let client = LockClient::memory();
+    let c = client.clone();
+    served_in_queue_order(&[client], move |key| c.waiting(key) as i64).await;
+}
+
+/// A waiter whose process died while queued is skipped at once by the
+/// release (its client no longer listens), not after its lease: the next
+/// waiter gets the lock promptly.
+#[tokio::test]
+async fn a_dead_waiter_does_not_stall_the_lock() {
+    let server = RedisServer::start();
+    let clients = clients(&server, 2).await;
+    let key = unique("dead-waiter");
+    let holder = clients[0].lock(&key).await.unwrap();
+    // Another process queues for the key with a 30-s lease...
+    let mut worker = spawn_tied({
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_lock_worker"));
+        cmd.args(["hold", &server.url(), &key, "30000"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        cmd
+    })
+    .unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || queued(&server, &key) == 1).await,
+        "the worker did not queue"
+    );
+    // ...then a waiter of this process queues behind it...
+    let next = {
+        let c = clients[1].clone();
+        let key = key.clone();
+        tokio::spawn(async move {
+            let asked = Instant::now();
+            let g = c.lock(&key).wait(Duration::from_secs(20)).await?;
+            Ok::<_, LockError>((g, asked.elapsed()))
+        })
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || queued(&server, &key) == 2).await,
+        "the second waiter did not queue"
+    );
+    // ...and the worker dies.
+    worker.kill().unwrap();
+    worker.wait().unwrap();
+    let released = Instant::now();
+    holder.release().await.unwrap();
+    let (guard, _) = next.await.unwrap().unwrap();
+    let after_release = released.elapsed();
+    assert!(
+        after_release < Duration::from_secs(5),
+        "the live waiter got the lock {after_release:?} after the release (the dead one's lease is 30 s)"
+    );
+    assert_eq!(
+        server.owner_of(&format!("lock:{{{key}}}")).as_deref(),
+        Some(guard.holder())
+    );
+    guard.release().await.unwrap();
+    assert_eq!(
+        server.keys(&format!("lock:{{{key}}}*")),
+        vec![format!("lock:{{{key}}}:fence")],
+        "something of the lock is left"
+    );
+}
+
+/// A waiter that gives up and one whose future is dropped leave the queue
+/// at once; the holder's release then goes to the one still waiting, and
+/// nothing is left after it releases.
+#[tokio::test]
+async fn waiters_that_give_up_or_are_dropped_leave_the_queue() {
+    let server = RedisServer::start();
+    let clients = clients(&server, 3).await;
+    let key = unique("leavers");
+    let holder = clients[0].lock(&key).await.unwrap();
+    let dropped = {
+        let (c, key) = (clients[1].clone(), key.clone());
+        tokio::spawn(async move { c.lock(&key).wait(Duration::from_secs(60)).await })
+    };
+    assert!(eventually(Duration::from_secs(10), || queued(&server, &key) == 1).await);
+    let gives_up = {
+        let (c, key) = (clients[2].clone(), key.clone());
+        tokio::spawn(async move { c.lock(&key).wait(Duration::from_millis(500)).await })
+    };
+    assert!(eventually(Duration::from_secs(10), || queued(&server, &key) == 2).await);
+    let stays = {
+        let (c, key) = (clients[2].clone(), key.clone());
+        tokio::spawn(async move { c.lock(&key).wait(Duration::from_secs(60)).await })
+    };
+    assert!(eventually(Duration::from_secs(10), || queued(&server, &key) == 3).await);
+    dropped.abort();
+    assert!(matches!(
+        gives_up.await.unwrap(),
+        Err(LockError::Timeout { .. })
+    ));
+    let left = eventually(Duration::from_secs(5), || queued(&server, &key) == 1).await;
+    assert!(
+        left,
+        "the leavers are still queued: {}",
+        queued(&server, &key)
+    );
+    let len: i64 = server.cmd(&["LLEN", &format!("lock:{{{key}}}:queue")]);
+    assert_eq!(len, 1, "the leavers are still in the queue list");
+    holder.release().await.unwrap();
+    let g = tokio::time::timeout(Duration::from_secs(5), stays)
+        .await
+        .expect("the waiter still queued was not handed the lock")
+        .unwrap()
+        .unwrap();
+    g.release().await.unwrap();
+    assert_eq!(
+        server.keys(&format!("lock:{{{key}}}*")),
+        vec![format!("lock:{{{key}}}:fence")],
+        "something of the lock is left"
+    );
+}
+
+/// The connection a waiter's client listens on is cut while it waits: the
+/// waiter asks again when its client reconnects, and gets the lock after
+/// the holder's release, well within its wait.
+#[tokio::test]
+async fn a_waiter_whose_subscription_was_cut_still_gets_the_lock() {
+    let server = RedisServer::start();
+    let clients = clients(&server, 2).await;
+    let key = unique("cut-subscriber");
+    let holder = clients[0].lock(&key).await.unwrap();
+    let waiter = {
+        let (c, key) = (clients[1].clone(), key.clone());
+        tokio::spawn(async move { c.lock(&key).wait(Duration::from_secs(20)).await })
+    };
+    assert!(eventually(Duration::from_secs(10), || queued(&server, &key) == 1).await);
+    let killed: i64 = server.cmd(&["CLIENT", "KILL", "TYPE", "pubsub"]);
+    assert!(killed >= 1, "no subscriber connection to cut");
+    holder.release().await.unwrap();
+    let released = Instant::now();
+    let g = waiter.await.unwrap().unwrap();
+    assert!(
+        released.elapsed() < Duration::from_secs(5),
+        "the waiter got the lock {:?} after the release",
+        released.elapsed()
+    );
+    g.release().await.unwrap();
+}
