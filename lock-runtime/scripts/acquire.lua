@@ -15,28 +15,30 @@
 -- send ran, or a release handed it over), {0, pttl, queued at (server ms,
 -- 0 = not queued)} busy.
 local owner = ARGV[1]
+-- Tokens and clocks in microseconds have 16 digits, more than Lua's
+-- number-to-string conversion keeps: they stay decimal strings here, and
+-- are compared as such (no leading zeros: the longer one is larger).
+local function above(a, b)
+  return #a > #b or (#a == #b and a > b)
+end
 if redis.call('set', KEYS[1], owner, 'NX', 'PX', ARGV[2]) then
   -- Tokens never fall below the clock in microseconds, so a counter that
   -- lost increments (failover to a lagging replica, restart without
   -- persistence, eviction) still hands out tokens above every earlier one.
-  local floor = tonumber(ARGV[3])
-  if floor == nil then
+  local token = ARGV[3]
+  if token == '' then
     local t = redis.call('time')
-    floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    token = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
   end
-  local token = floor
-  local last = redis.call('set', KEYS[2], string.format('%.0f', floor), 'GET')
-  if last then
-    local n = tonumber(last)
-    if n == nil then
+  local last = redis.call('set', KEYS[2], token, 'GET')
+  if last and not above(token, last) then
+    if not string.match(last, '^%d+$') then
       redis.call('set', KEYS[2], last)
       redis.call('del', KEYS[1])
       return redis.error_reply('fence counter ' .. KEYS[2] .. ' is not an integer')
     end
-    if n >= floor then
-      token = n + 1
-      redis.call('set', KEYS[2], string.format('%.0f', token))
-    end
+    token = string.format('%.0f', tonumber(last) + 1)
+    redis.call('set', KEYS[2], token)
   end
   if ARGV[5] == '1' then
     -- Taken directly (the lock had expired) by a queued waiter: it leaves
@@ -74,8 +76,9 @@ if ARGV[4] == 'w' then
 end
 local stay = tonumber(ARGV[4])
 local t = redis.call('time')
+-- Milliseconds have 13 digits: exact as Lua numbers and in concatenation.
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-if redis.call('hset', KEYS[4], owner, ARGV[2] .. ' ' .. string.format('%.0f', now + stay)) == 1 then
+if redis.call('hset', KEYS[4], owner, ARGV[2] .. ' ' .. (now + stay)) == 1 then
   redis.call('rpush', KEYS[3], owner)
 end
 -- The queue lives as long as its longest-staying waiter.

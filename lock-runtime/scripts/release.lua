@@ -38,9 +38,10 @@ if holder ~= owner then
 end
 if mark == 'q' then
   local t = redis.call('time')
+  -- Milliseconds (13 digits) are exact as Lua numbers; microseconds
+  -- (16 digits, tokens) stay decimal strings.
   local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local last
+  local token
   while true do
     local head = redis.call('lpop', KEYS[3])
     if not head then
@@ -53,22 +54,25 @@ if mark == 'q' then
       -- (Never back to the releasing owner: an entry it left by an attempt
       -- whose answer was lost.)
       if lease and head ~= owner and tonumber(untl) > now_ms then
-        if not last then
-          last = tonumber(redis.call('get', KEYS[2]) or '0') or 0
+        if not token then
+          token = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+          local last = redis.call('get', KEYS[2])
+          if last and string.match(last, '^%d+$')
+            and (#last > #token or (#last == #token and last >= token)) then
+            token = string.format('%.0f', tonumber(last) + 1)
+          end
         end
-        local token = math.max(last + 1, now_us)
         local client = string.match(head, '^[^:]*')
         -- Nobody subscribed: that waiter's client is gone (or not yet
         -- listening, and then it asks again); serve the next one.
-        local heard = redis.call(ARGV[3], ARGV[2] .. client,
-          head .. ' ' .. string.format('%.0f', token) .. ' ' .. string.format('%.0f', now_ms))
+        local heard = redis.call(ARGV[3], ARGV[2] .. client, head .. ' ' .. token .. ' ' .. now_ms)
         if heard > 0 then
           local value = head
           if redis.call('llen', KEYS[3]) > 0 then
             value = head .. ' q'
           end
           redis.call('set', KEYS[1], value, 'PX', lease)
-          redis.call('set', KEYS[2], string.format('%.0f', token))
+          redis.call('set', KEYS[2], token)
           return 1
         end
       end
