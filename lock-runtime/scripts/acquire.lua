@@ -7,10 +7,11 @@
 -- ARGV[4] if busy: '' = just say so; 'w' = mark the lock so that its
 --         release publishes a wake-up (Redlock); else how many ms to stay
 --         queued, after which a release skips this waiter
--- ARGV[5] '1' if an earlier attempt of this owner may have queued it
--- The lock holds "<owner>", or "<owner> q" once someone queued behind it
--- ("<owner> w" on Redlock), so that its release knows whom to serve
--- without reading anything else.
+-- ARGV[5] '1' if an earlier send of this owner may have queued it
+-- The lock holds "<owner>", or "<owner> <mark>" with mark 'q' once someone
+-- queued behind it ('w' on Redlock), or "<owner> <mark> <from>" after a
+-- hand-off from the owner <from> ('-': no mark), so that a release knows
+-- whom to serve without reading anything else.
 -- Returns {1, token} taken, {2, token} already this owner's (an earlier
 -- send ran, or a release handed it over), {0, pttl, queued at (server ms,
 -- 0 = not queued)} busy.
@@ -21,29 +22,35 @@ local owner = ARGV[1]
 local function above(a, b)
   return #a > #b or (#a == #b and a > b)
 end
+local function clock_us()
+  local t = redis.call('time')
+  return t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+end
 if redis.call('set', KEYS[1], owner, 'NX', 'PX', ARGV[2]) then
   -- Tokens never fall below the clock in microseconds, so a counter that
   -- lost increments (failover to a lagging replica, restart without
   -- persistence, eviction) still hands out tokens above every earlier one.
   local token = ARGV[3]
   if token == '' then
-    local t = redis.call('time')
-    token = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+    token = clock_us()
   end
-  local last = redis.call('set', KEYS[2], token, 'GET')
+  local last = redis.pcall('set', KEYS[2], token, 'GET')
+  if type(last) == 'table' and last.err then
+    redis.call('del', KEYS[1])
+    return redis.error_reply('fence counter ' .. KEYS[2] .. ' is not a string: ' .. last.err)
+  end
+  if last and not string.match(last, '^%d+$') then
+    redis.call('set', KEYS[2], last)
+    redis.call('del', KEYS[1])
+    return redis.error_reply('fence counter ' .. KEYS[2] .. ' is not an integer')
+  end
   if last and not above(token, last) then
-    if not string.match(last, '^%d+$') then
-      redis.call('set', KEYS[2], last)
-      redis.call('del', KEYS[1])
-      return redis.error_reply('fence counter ' .. KEYS[2] .. ' is not an integer')
-    end
     token = string.format('%.0f', tonumber(last) + 1)
     redis.call('set', KEYS[2], token)
   end
-  if ARGV[5] == '1' then
+  if ARGV[5] == '1' and redis.call('hdel', KEYS[4], owner) == 1 then
     -- Taken directly (the lock had expired) by a queued waiter: it leaves
     -- the queue, and if others still wait, this lock's release serves them.
-    redis.call('hdel', KEYS[4], owner)
     redis.call('lrem', KEYS[3], 1, owner)
     if redis.call('llen', KEYS[3]) > 0 then
       redis.call('set', KEYS[1], owner .. ' q', 'KEEPTTL')
@@ -56,29 +63,42 @@ local cur = redis.pcall('get', KEYS[1])
 if type(cur) ~= 'string' then
   return {0, redis.call('pttl', KEYS[1]), 0}
 end
-local holder, mark = cur, ''
-if string.sub(cur, -2, -2) == ' ' then
-  holder, mark = string.sub(cur, 1, -3), string.sub(cur, -1)
-end
+local holder, mark, from = string.match(cur, '^(%S+) ?(%S*) ?(%S*)$')
 if holder == owner then
   redis.call('pexpire', KEYS[1], ARGV[2])
-  return {2, tonumber(redis.call('get', KEYS[2]))}
+  local token = redis.call('get', KEYS[2])
+  if not token then
+    -- The counter vanished under a held lock (eviction): restart it at
+    -- the clock rather than leave the holder without a token.
+    token = clock_us()
+    redis.call('set', KEYS[2], token)
+  end
+  return {2, token}
 end
 local pttl = redis.call('pttl', KEYS[1])
 if ARGV[4] == '' then
   return {0, pttl, 0}
 end
-if ARGV[4] == 'w' then
-  if mark ~= 'w' then
-    redis.call('set', KEYS[1], holder .. ' w', 'KEEPTTL')
+local function marked(m)
+  if mark ~= m then
+    local tail = ''
+    if from ~= '' then
+      tail = ' ' .. from
+    end
+    redis.call('set', KEYS[1], holder .. ' ' .. m .. tail, 'KEEPTTL')
   end
+end
+if ARGV[4] == 'w' then
+  marked('w')
   return {0, pttl, 0}
 end
 local stay = tonumber(ARGV[4])
 local t = redis.call('time')
 -- Milliseconds have 13 digits: exact as Lua numbers and in concatenation.
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-if redis.call('hset', KEYS[4], owner, ARGV[2] .. ' ' .. (now + stay)) == 1 then
+local new = redis.call('hset', KEYS[4], owner, ARGV[2] .. ' ' .. (now + stay)) == 1
+-- (An entry whose list place was lost, say to eviction, gets one again.)
+if new or not redis.call('lpos', KEYS[3], owner) then
   redis.call('rpush', KEYS[3], owner)
 end
 -- The queue lives as long as its longest-staying waiter.
@@ -87,7 +107,5 @@ for i = 3, 4 do
     redis.call('pexpire', KEYS[i], stay)
   end
 end
-if mark ~= 'q' then
-  redis.call('set', KEYS[1], holder .. ' q', 'KEEPTTL')
-end
+marked('q')
 return {0, pttl, now}

@@ -1,5 +1,6 @@
 -- End one acquisition: hand the lock to the first live waiter in its
--- queue, or delete it.
+-- queue, or delete it. A waiter that gives up leaves the queue by this
+-- same call.
 -- KEYS[1] lock, KEYS[2] fence counter, KEYS[3] queue, KEYS[4] waiters
 -- ARGV[1] owner id
 -- ARGV[2] grant channel prefix: a waiter's client hears its grant on
@@ -9,29 +10,30 @@
 -- ARGV[5] Redlock wake-ups: 'r' when this deletes a marked lock, 'a' also
 --         when the lock is absent (a waiter may listen on a node where this
 --         owner's lock never landed), 'n' never (taking back a partial grant)
--- Returns 1 released, 0 absent (expired, deleted, or released by an earlier
--- send of this same release), -1 held by another owner.
--- A waiter that gives up leaves the queue by this same call.
+-- Returns 1 released (also: an earlier send of this release handed it
+-- over), 0 absent (expired, deleted, or released by an earlier send of
+-- this same release), -1 held by another owner.
 local owner = ARGV[1]
 local cur = redis.pcall('get', KEYS[1])
-if cur == false then
-  if ARGV[5] == 'a' then
+if type(cur) ~= 'string' then
+  if cur == false and ARGV[5] == 'a' then
     redis.call('publish', ARGV[4], '')
   end
   if redis.call('hdel', KEYS[4], owner) == 1 then
     redis.call('lrem', KEYS[3], 1, owner)
   end
-  return 0
-end
-if type(cur) ~= 'string' then
+  if cur == false then
+    return 0
+  end
   return -1
 end
-local holder, mark = cur, ''
-if string.sub(cur, -2, -2) == ' ' then
-  holder, mark = string.sub(cur, 1, -3), string.sub(cur, -1)
-end
+local holder, mark, from = string.match(cur, '^(%S+) ?(%S*) ?(%S*)$')
 if holder ~= owner then
-  if mark == 'q' and redis.call('hdel', KEYS[4], owner) == 1 then
+  if from == owner then
+    -- This release ran before and handed the lock over.
+    return 1
+  end
+  if redis.call('hdel', KEYS[4], owner) == 1 then
     redis.call('lrem', KEYS[3], 1, owner)
   end
   return -1
@@ -67,11 +69,11 @@ if mark == 'q' then
         -- listening, and then it asks again); serve the next one.
         local heard = redis.call(ARGV[3], ARGV[2] .. client, head .. ' ' .. token .. ' ' .. now_ms)
         if heard > 0 then
-          local value = head
+          local m = '-'
           if redis.call('llen', KEYS[3]) > 0 then
-            value = head .. ' q'
+            m = 'q'
           end
-          redis.call('set', KEYS[1], value, 'PX', lease)
+          redis.call('set', KEYS[1], head .. ' ' .. m .. ' ' .. owner, 'PX', lease)
           redis.call('set', KEYS[2], token)
           return 1
         end

@@ -280,3 +280,119 @@ async fn a_waiter_whose_subscription_was_cut_still_gets_the_lock() {
     );
     g.release().await.unwrap();
 }
+
+/// The lock scripts, run by hand: what a client sends, step by step.
+struct Scripts {
+    conn: redis::Connection,
+    key: String,
+}
+
+impl Scripts {
+    fn new(server: &RedisServer, key: &str) -> Self {
+        Scripts {
+            conn: server.conn(),
+            key: format!("lock:{{{key}}}"),
+        }
+    }
+
+    fn keys(&self) -> [String; 4] {
+        let k = &self.key;
+        [
+            k.clone(),
+            format!("{k}:fence"),
+            format!("{k}:queue"),
+            format!("{k}:waiters"),
+        ]
+    }
+
+    /// `acquire.lua` for `owner`, queuing for 10 s if busy; the reply's
+    /// first number.
+    fn acquire(&mut self, owner: &str) -> i64 {
+        let reply: Vec<redis::Value> =
+            redis::Script::new(include_str!("../../lock-runtime/scripts/acquire.lua"))
+                .key(&self.keys())
+                .arg(owner)
+                .arg(30_000)
+                .arg("")
+                .arg(10_000)
+                .arg("")
+                .invoke(&mut self.conn)
+                .unwrap();
+        redis::from_redis_value(reply[0].clone()).unwrap()
+    }
+
+    /// `release.lua` for `owner`; 1 released, 0 absent, -1 another's.
+    fn release(&mut self, owner: &str) -> i64 {
+        redis::Script::new(include_str!("../../lock-runtime/scripts/release.lua"))
+            .key(&self.keys())
+            .arg(owner)
+            .arg(format!("{}:granted:", self.key))
+            .arg("publish")
+            .arg(format!("{}:released", self.key))
+            .arg("r")
+            .invoke(&mut self.conn)
+            .unwrap()
+    }
+}
+
+/// A release whose reply was lost is sent again after it already handed
+/// the lock over (the cluster client re-sends on its own, unseen): the
+/// repeat says released, not "held by another", which would report a
+/// lock that was never lost as lost.
+#[tokio::test]
+async fn a_release_sent_again_after_handing_over_says_released() {
+    let server = RedisServer::start();
+    let key = unique("resent-release");
+    let mut s = Scripts::new(&server, &key);
+    assert_eq!(s.acquire("a:1"), 1);
+    assert_eq!(s.acquire("b:1"), 0, "b queues");
+    // b's client listens on its grant channel.
+    let mut sub = server.conn();
+    let _: () = redis::cmd("SUBSCRIBE")
+        .arg(format!("lock:{{{key}}}:granted:b"))
+        .query(&mut sub)
+        .unwrap();
+    assert_eq!(s.release("a:1"), 1, "a releases, handing over to b");
+    assert_eq!(
+        server.owner_of(&format!("lock:{{{key}}}")).as_deref(),
+        Some("b:1")
+    );
+    assert_eq!(s.release("a:1"), 1, "the same release, sent again");
+    assert_eq!(
+        server.owner_of(&format!("lock:{{{key}}}")).as_deref(),
+        Some("b:1"),
+        "the repeat touched b's lock"
+    );
+    assert_eq!(
+        s.release("c:1"),
+        -1,
+        "a stranger's release is still refused"
+    );
+}
+
+/// A waiter that gives up leaves the queue whatever the lock looks like:
+/// here the lock expired while it waited, and a newcomer took it without
+/// anyone queued behind (an unmarked lock). Left in the queue, the next
+/// release would hand the lock to an owner nobody waits as.
+#[tokio::test]
+async fn a_waiter_leaves_the_queue_also_behind_an_unmarked_lock() {
+    let server = RedisServer::start();
+    let key = unique("leave-unmarked");
+    let mut s = Scripts::new(&server, &key);
+    assert_eq!(s.acquire("a:1"), 1);
+    assert_eq!(s.acquire("b:1"), 0, "b queues");
+    // a's lease runs out; d takes the free lock.
+    let _: i64 = server.cmd(&["DEL", &format!("lock:{{{key}}}")]);
+    assert_eq!(s.acquire("d:1"), 1);
+    assert_eq!(
+        server.owner_of(&format!("lock:{{{key}}}")).as_deref(),
+        Some("d:1")
+    );
+    // b gives up.
+    assert_eq!(s.release("b:1"), -1);
+    assert_eq!(
+        server.keys(&format!("lock:{{{key}}}:*")),
+        vec![format!("lock:{{{key}}}:fence")],
+        "b is still queued"
+    );
+}
