@@ -14,8 +14,32 @@ use crate::Ctx;
 
 const TASKS: usize = 64;
 
-/// Cycles per second of `TASKS` tasks running `op(task, k)` back to back.
-async fn run_tasks<F, Fut>(warm: Duration, window: Duration, op: F) -> f64
+/// Seconds of CPU the Redis server has used (`INFO cpu`: user + system).
+fn redis_cpu(port: u16) -> f64 {
+    let info: String = redis::Client::open(format!("redis://127.0.0.1:{port}"))
+        .and_then(|c| c.get_connection())
+        .and_then(|mut c| redis::cmd("INFO").arg("cpu").query(&mut c))
+        .unwrap_or_default();
+    info.lines()
+        .filter_map(|l| {
+            l.strip_prefix("used_cpu_user:")
+                .or_else(|| l.strip_prefix("used_cpu_sys:"))
+        })
+        .filter_map(|v| v.trim().parse::<f64>().ok())
+        .sum()
+}
+
+/// What one contender did in its window.
+#[derive(Clone, Copy)]
+struct Window {
+    per_sec: f64,
+    /// Redis CPU seconds per cycle.
+    redis_cpu: f64,
+}
+
+/// Cycles per second of `TASKS` tasks running `op(task, k)` back to back,
+/// and the Redis CPU each cycle cost over the same window.
+async fn run_tasks<F, Fut>(port: u16, warm: Duration, window: Duration, op: F) -> Window
 where
     F: Fn(usize, u64) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = ()> + Send + 'static,
@@ -35,14 +59,17 @@ where
         }));
     }
     tokio::time::sleep(warm).await;
-    let (c0, t0) = (done.load(Ordering::Relaxed), Instant::now());
+    let (c0, t0, cpu0) = (done.load(Ordering::Relaxed), Instant::now(), redis_cpu(port));
     tokio::time::sleep(window).await;
-    let (c1, t1) = (done.load(Ordering::Relaxed), Instant::now());
+    let (c1, t1, cpu1) = (done.load(Ordering::Relaxed), Instant::now(), redis_cpu(port));
     stop.store(true, Ordering::Relaxed);
     for h in handles {
         h.await.expect("throughput task panicked");
     }
-    (c1 - c0) as f64 / (t1 - t0).as_secs_f64()
+    Window {
+        per_sec: (c1 - c0) as f64 / (t1 - t0).as_secs_f64(),
+        redis_cpu: (cpu1 - cpu0) / (c1 - c0).max(1) as f64,
+    }
 }
 
 /// `redis-benchmark` EVALSHA of our acquire script on random fresh keys,
@@ -61,11 +88,16 @@ fn redis_benchmark(port: u16, sha: &str, requests: u64) -> Result<f64, String> {
         .args([
             "EVALSHA",
             sha,
-            "2",
+            "4",
             "lock:{rb:__rand_int__}",
             "lock:{rb:__rand_int__}:fence",
+            "lock:{rb:__rand_int__}:queue",
+            "lock:{rb:__rand_int__}:waiters",
             "rb-owner:1",
             "30000",
+            "",
+            "",
+            "",
         ])
         .output()
         .map_err(|e| format!("cannot run redis-benchmark (apt-get install redis-tools): {e}"))?;
@@ -106,7 +138,7 @@ pub fn run(ctx: &Ctx, report: &mut Report) {
             Err(e) => bench_err = Some(e),
         }
         let ours = ctx.ours.clone();
-        manual.push(ctx.rt.block_on(run_tasks(warm, window, move |t, k| {
+        manual.push(ctx.rt.block_on(run_tasks(port, warm, window, move |t, k| {
             let ours = ours.clone();
             async move {
                 let guard = ours
@@ -119,7 +151,7 @@ pub fn run(ctx: &Ctx, report: &mut Report) {
         if attr_ok {
             attr.push(
                 ctx.rt
-                    .block_on(run_tasks(warm, window, move |t, k| async move {
+                    .block_on(run_tasks(port, warm, window, move |t, k| async move {
                         empty_body(((r as u64 * 1000 + t as u64) << 32) + k + (1 << 62))
                             .await
                             .expect("attribute");
@@ -127,7 +159,7 @@ pub fn run(ctx: &Ctx, report: &mut Report) {
             );
         }
         let mgr = ctx.rslock.clone();
-        rs.push(ctx.rt.block_on(run_tasks(warm, window, move |t, k| {
+        rs.push(ctx.rt.block_on(run_tasks(port, warm, window, move |t, k| {
             let mgr = mgr.clone();
             async move { rslock_cycle(&mgr, &format!("c3:rslock:{r}:{t}"), k).await }
         })));
@@ -157,16 +189,23 @@ pub fn run(ctx: &Ctx, report: &mut Report) {
         .expect("FLUSHALL");
 
     let mean = |v: &[f64]| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
+    let rate = |v: &[Window]| v.iter().map(|w| w.per_sec).collect::<Vec<f64>>();
+    let cpu_us = |v: &[Window]| mean(&v.iter().map(|w| w.redis_cpu * 1e6).collect::<Vec<f64>>());
+    let (manual_cpu, attr_cpu, rs_cpu) = (cpu_us(&manual), cpu_us(&attr), cpu_us(&rs));
+    let (manual, attr, rs) = (rate(&manual), rate(&attr), rate(&rs));
     let ceil = mean(&ceiling);
     let half = ceil.map(|c| c / 2.0);
-    let row = |name: &str, v: &[f64]| -> Vec<String> {
+    let rs_rate = mean(&rs);
+    let row = |name: &str, v: &[f64], cpu: Option<f64>| -> Vec<String> {
         match mean(v) {
             Some(x) => vec![
                 name.into(),
                 fmt_count(x),
                 half.map_or_else(|| "n/a".into(), |h| format!("{:.0} %", 100.0 * x / h)),
+                rs_rate.map_or_else(|| "n/a".into(), |r| format!("{:.2}×", x / r)),
+                cpu.map_or_else(|| "n/a".into(), |c| format!("{c:.1} µs")),
             ],
-            None => vec![name.into(), "n/a".into(), "n/a".into()],
+            None => vec![name.into(), "n/a".into(), "n/a".into(), "n/a".into(), "n/a".into()],
         }
     };
     report.heading("Case 3 — throughput, 64 concurrent tasks on distinct keys");
@@ -175,8 +214,8 @@ pub fn run(ctx: &Ctx, report: &mut Report) {
          round(s) interleaved across contenders. Ceiling: `redis-benchmark -c 64 -r 100000000 EVALSHA <acquire \
          script> …` on random fresh keys against the same server, in the same rounds; a cycle is two EVALSHAs, so \
          the column compares with half the ceiling. All Rust contenders run in one tokio runtime with {} worker \
-         threads; ours talks to Redis over one multiplexed connection on its I/O thread, rslock over one \
-         multiplexed connection; redis-py uses 64 threads and a connection pool.",
+         threads; ours sends from the caller's task over one multiplexed connection (its driver on the client's I/O \
+         thread), rslock over one multiplexed connection; redis-py uses 64 threads and a connection pool.",
         window.as_secs(),
         warm.as_millis(),
         ctx.workers
@@ -187,37 +226,62 @@ pub fn run(ctx: &Ctx, report: &mut Report) {
                 "`redis-benchmark` EVALSHA acquire (ceiling, requests/s)".into(),
                 fmt_count(c),
                 "200 %".into(),
+                "—".into(),
+                "—".into(),
             ],
             (None, e) => vec![
                 format!("redis-benchmark: {}", e.clone().unwrap_or_default()),
                 "n/a".into(),
                 "n/a".into(),
+                "—".into(),
+                "—".into(),
             ],
         },
-        row("ours, manual API", &manual),
+        row("ours, manual API", &manual, manual_cpu),
         if attr_ok {
-            row("ours, `#[distributed_lock]` empty body", &attr)
+            row("ours, `#[distributed_lock]` empty body", &attr, attr_cpu)
         } else {
             vec![
                 "ours, `#[distributed_lock]` (does not lock yet)".into(),
                 "n/a".into(),
                 "n/a".into(),
+                "n/a".into(),
+                "n/a".into(),
             ]
         },
-        row("rslock", &rs),
+        row("rslock", &rs, rs_cpu),
     ];
     match (&ctx.py, &py_err) {
-        (Some(p), None) => rows.push(row(&p.describe, &py)),
-        (_, Some(e)) => rows.push(vec![format!("redis-py: {e}"), "n/a".into(), "n/a".into()]),
+        (Some(p), None) => rows.push(row(&p.describe, &py, None)),
+        (_, Some(e)) => rows.push(vec![
+            format!("redis-py: {e}"),
+            "n/a".into(),
+            "n/a".into(),
+            "n/a".into(),
+            "n/a".into(),
+        ]),
         (None, None) => rows.push(vec![
             "redis-py: not installed".into(),
+            "n/a".into(),
+            "n/a".into(),
             "n/a".into(),
             "n/a".into(),
         ]),
     }
     report.table(
-        &["contender", "cycles / s", "of EVALSHA ceiling ÷ 2"],
+        &[
+            "contender",
+            "cycles / s",
+            "of EVALSHA ceiling ÷ 2",
+            "÷ rslock",
+            "Redis CPU / cycle",
+        ],
         &rows,
+    );
+    report.para(
+        "Redis CPU / cycle: the server's user + system CPU time (`INFO cpu`) over the contender's window, divided by \
+         the cycles in it. The contenders share this machine's cores with the server, so where the server is busy \
+         most of the window this column, not the client, sets the throughput.",
     );
     let ours = mean(&manual);
     report.target(
@@ -233,5 +297,21 @@ pub fn run(ctx: &Ctx, report: &mut Report) {
             _ => "n/a".into(),
         },
         ours.zip(half).map(|(o, h)| o >= 0.8 * h),
+    );
+    report.target(
+        "3",
+        "ours ≥ 1.0 × rslock cycles/s (same run)",
+        match (ours, rs_rate) {
+            (Some(o), Some(r)) => format!(
+                "{:.2}× ({} vs {} cycles/s; Redis CPU per cycle {} vs {})",
+                o / r,
+                fmt_count(o),
+                fmt_count(r),
+                manual_cpu.map_or("n/a".into(), |c| format!("{c:.1} µs")),
+                rs_cpu.map_or("n/a".into(), |c| format!("{c:.1} µs"))
+            ),
+            _ => "n/a".into(),
+        },
+        ours.zip(rs_rate).map(|(o, r)| o >= r),
     );
 }
