@@ -1,5 +1,6 @@
+use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use tokio::runtime::Handle;
@@ -7,6 +8,7 @@ use tokio::time::Instant;
 
 use crate::backend::cluster;
 use crate::backend::memory::MemoryBackend;
+use crate::backend::redis::client_of;
 use crate::backend::redis::{NodeSettings, RedisBackend};
 use crate::backend::redlock::RedlockBackend;
 use crate::backend::sentinel::SentinelBackend;
@@ -16,7 +18,7 @@ use crate::io::Io;
 use crate::key::LockName;
 use crate::request::LockRequest;
 use crate::scope::Scope;
-use crate::wakeups::Waiter;
+use crate::wakeups::{Waiter, Wakeups, ORPHAN_AFTER};
 use crate::watchdog::Watchdog;
 use crate::{LockClientBuilder, LockError};
 
@@ -50,6 +52,45 @@ pub(crate) struct Inner {
     pub(crate) watchdog: Watchdog,
     /// Declared last: the I/O thread stops after everything above is gone.
     pub(crate) io: Io,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        CLIENTS.lock().unwrap().remove(&self.id);
+    }
+}
+
+/// The clients of this process by id: a grant message names its client by
+/// id, and the client it names releases a grant nobody claimed.
+static CLIENTS: once_cell::sync::Lazy<Mutex<HashMap<Arc<str>, Weak<Inner>>>> =
+    once_cell::sync::Lazy::new(Mutex::default);
+
+/// A grant (on `channel`, for `owner`) that reached no waiter. It is kept
+/// for a waiter about to register; if none claims it within
+/// [`ORPHAN_AFTER`] and the owner's client does not hold the lock (an
+/// attempt of the owner found it handed over and took it), the client
+/// releases it, passing it on.
+pub(crate) fn unclaimed_grant(wakeups: Arc<Wakeups>, channel: &str, owner: Arc<str>) {
+    let Some(name) = LockName::of_grant_channel(channel) else {
+        return;
+    };
+    let Some(inner) = CLIENTS
+        .lock()
+        .unwrap()
+        .get(client_of(&owner))
+        .and_then(Weak::upgrade)
+    else {
+        return;
+    };
+    let client = LockClient { inner };
+    let io = client.inner.io.handle().clone();
+    io.spawn(async move {
+        tokio::time::sleep(ORPHAN_AFTER).await;
+        if wakeups.take_unclaimed(&owner) && !client.inner.watchdog.holds(&name.hash, &owner) {
+            tracing::debug!(key = %name.key, "a lock handed to a waiter that is gone; passing it on");
+            client.release_in_background(name, owner);
+        }
+    });
 }
 
 #[derive(Debug, Clone)]
@@ -217,15 +258,18 @@ impl LockClient {
     }
 
     pub(crate) fn from_parts(config: Config, backend: Arc<dyn Backend>, io: Io) -> LockClient {
-        LockClient {
-            inner: Arc::new(Inner {
-                id: uuid::Uuid::new_v4().simple().to_string().into(),
-                backend,
-                config,
-                watchdog: Watchdog::new(),
-                io,
-            }),
-        }
+        let inner = Arc::new(Inner {
+            id: uuid::Uuid::new_v4().simple().to_string().into(),
+            backend,
+            config,
+            watchdog: Watchdog::new(),
+            io,
+        });
+        CLIENTS
+            .lock()
+            .unwrap()
+            .insert(inner.id.clone(), Arc::downgrade(&inner));
+        LockClient { inner }
     }
 
     pub(crate) fn memory_with(config: Config) -> LockClient {

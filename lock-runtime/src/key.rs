@@ -45,6 +45,14 @@ impl LockName {
         Ok(Self::named(key.into(), format!("{prefix}{{{key}}}").into()))
     }
 
+    /// The names of the lock whose grant channel is `channel`
+    /// (`<hash>:granted:<client id>`); the key shown in messages is the
+    /// hash.
+    pub(crate) fn of_grant_channel(channel: &str) -> Option<Self> {
+        let hash = &channel[..channel.rfind(":granted:")?];
+        Some(Self::named(hash.into(), hash.into()))
+    }
+
     fn named(key: Arc<str>, hash: Arc<str>) -> Self {
         LockName(Arc::new(Names { key, hash }))
     }
@@ -104,6 +112,8 @@ mod tests {
         assert_eq!(n.waiters(), "lock:{order:42}:waiters");
         assert_eq!(n.grants(), "lock:{order:42}:granted:");
         assert_eq!(&*n.grant_channel("c1"), "lock:{order:42}:granted:c1");
+        let back = LockName::of_grant_channel(&n.grant_channel("c1")).unwrap();
+        assert_eq!(back.hash, n.hash);
     }
 
     #[test]

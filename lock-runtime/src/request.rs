@@ -120,6 +120,10 @@ impl LockRequest {
                     unsure.pending = false;
                     if let Some(w) = waiter.as_mut() {
                         w.consumed();
+                        if queued_once {
+                            // A hand-off's grant message may still come.
+                            w.settle();
+                        }
                     }
                     return Ok(acquired(&key, guard, started));
                 }
@@ -235,7 +239,7 @@ impl LockRequest {
                 // The next attempt is answered `Repeated`, and confirms.
                 continue;
             }
-            let from = lease_start(queued_at, grant.at);
+            let from = lease_start(started, queued_at, grant.at);
             match client.granted(
                 name.clone(),
                 owner.clone(),
@@ -274,7 +278,7 @@ fn acquired(key: &str, guard: LockGuard, started: Instant) -> LockGuard {
 /// A grant from before the last attempt that queued (on the same clock).
 fn is_stale(queued_at: Option<(Instant, Queued)>, at: Stamp) -> bool {
     match (queued_at, at) {
-        (Some((_, Queued::At(q))), Stamp::ServerMs(g)) => g < q,
+        (Some((_, Queued::At(q))), Stamp::ServerMs(g, _)) => g < q,
         (Some((sent, Queued::Here)), Stamp::Local(t)) => t < sent,
         _ => false,
     }
@@ -283,18 +287,24 @@ fn is_stale(queued_at: Option<(Instant, Queued)>, at: Stamp) -> bool {
 /// Where a handed-over lease starts on this process's clock, never later
 /// than it did: the queuing attempt was sent at `sent` (local), and the
 /// backend's clock then read `queued`; the grant happened `at` on that same
-/// clock. (If the server clock stepped, the earliest possible start wins.)
-fn lease_start(queued_at: Option<(Instant, Queued)>, at: Stamp) -> Instant {
-    let now = Instant::now();
+/// clock, and its message arrived no earlier. If the server's clock ran
+/// ahead of ours in between (a failover to another server, a clock step),
+/// the earliest possible start wins: the send.
+fn lease_start(started: Instant, queued_at: Option<(Instant, Queued)>, at: Stamp) -> Instant {
     match (queued_at, at) {
-        (_, Stamp::Local(t)) => t.min(now),
-        (Some((sent, Queued::At(q))), Stamp::ServerMs(g)) => {
-            (sent + Duration::from_millis(g.saturating_sub(q))).min(now)
+        (_, Stamp::Local(t)) => t,
+        (Some((sent, Queued::At(q))), Stamp::ServerMs(g, heard)) => {
+            let server = Duration::from_millis(g.saturating_sub(q));
+            if server > heard.saturating_duration_since(sent) {
+                sent
+            } else {
+                sent + server
+            }
         }
-        // No reference point: the earliest moment this request could have
-        // been granted.
-        (Some((sent, Queued::Here)), Stamp::ServerMs(_)) => sent,
-        (None, Stamp::ServerMs(_)) => now,
+        (Some((sent, Queued::Here)), Stamp::ServerMs(..)) => sent,
+        // The attempt that queued got no answer: the earliest moment this
+        // request could have been granted.
+        (None, Stamp::ServerMs(..)) => started,
     }
 }
 
@@ -383,5 +393,38 @@ impl std::fmt::Debug for LockRequest {
             .field("lease", &self.lease)
             .field("wait", &self.wait)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_handed_over_lease_is_never_booked_later_than_it_started() {
+        let started = Instant::now();
+        let sent = started + Duration::from_millis(10);
+        let heard = sent + Duration::from_millis(500);
+        let queued = Some((sent, Queued::At(1_000)));
+        // Handed over 300 ms (server clock) after queuing: 300 ms after the
+        // send, which is no later than on the server.
+        assert_eq!(
+            lease_start(started, queued, Stamp::ServerMs(1_300, heard)),
+            sent + Duration::from_millis(300)
+        );
+        // The server's clock claims more time passed than could have here
+        // (another server, a clock step): the send.
+        assert_eq!(
+            lease_start(started, queued, Stamp::ServerMs(2_000, heard)),
+            sent
+        );
+        // The queuing attempt's answer was lost: the request's start.
+        assert_eq!(
+            lease_start(started, None, Stamp::ServerMs(1_300, heard)),
+            started
+        );
+        // A grant from before the latest queuing is stale.
+        assert!(is_stale(queued, Stamp::ServerMs(999, heard)));
+        assert!(!is_stale(queued, Stamp::ServerMs(1_000, heard)));
     }
 }

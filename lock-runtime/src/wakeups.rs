@@ -5,10 +5,12 @@
 //! message names its owner id and lands in that waiter's mailbox. Nobody
 //! else is woken; the waiter already holds the lock. A grant that arrives
 //! before its waiter registered (the release came between the waiter's
-//! attempt and its registration) is kept for it. One whose waiter gave up
-//! needs nothing here: the request that gave up sends a release for its
-//! owner id, which either takes it out of the queue or, if the grant came
-//! first, passes the lock on.
+//! attempt and its registration) is kept for it a moment. A waiter that
+//! gave up sends a release for its owner id itself, which takes it out of
+//! the queue or passes the lock on; a grant that nobody claims within
+//! [`ORPHAN_AFTER`] anyway (that release failed, or the queue kept an entry
+//! of an attempt whose answer was lost) is released by its client, so the
+//! lock never waits out a lease for nobody.
 //!
 //! Waiters that do not queue (Redlock) are woken instead: a release
 //! message wakes one waiter of the client, not all of them, since only one
@@ -35,12 +37,13 @@ pub(crate) struct Grant {
     pub(crate) at: Stamp,
 }
 
-/// A moment on some clock.
+/// When a hand-off happened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Stamp {
-    /// The Redis server's clock, in ms.
-    ServerMs(u64),
-    /// This process's clock.
+    /// On the Redis server's clock, in ms; and when its message arrived
+    /// here (the hand-off was no later than that).
+    ServerMs(u64, tokio::time::Instant),
+    /// On this process's clock.
     Local(tokio::time::Instant),
 }
 
@@ -54,14 +57,21 @@ pub(crate) enum Woken {
     Retry,
 }
 
-/// How long a grant nobody claimed is kept for a waiter about to register.
-const UNCLAIMED_FOR: Duration = Duration::from_secs(60);
+/// How long a grant nobody claimed is kept for a waiter about to register
+/// before it is released.
+pub(crate) const ORPHAN_AFTER: Duration = Duration::from_secs(1);
+
+/// How long an owner that got its lock by asking again is remembered, for
+/// a grant message of the same hand-off that may still come.
+const SETTLED_FOR: Duration = Duration::from_secs(60);
 
 #[derive(Default)]
 pub(crate) struct Wakeups {
     slots: Mutex<HashMap<Arc<str>, Slot>>,
     /// Grants that arrived before their waiter registered, by owner id.
     unclaimed: Mutex<HashMap<Arc<str>, (Grant, Instant)>>,
+    /// Owners holding a lock that a grant message may still name.
+    settled: Mutex<HashMap<Arc<str>, Instant>>,
     on_idle: Option<OnIdle>,
     /// Releases are no longer published where this registry listens.
     retired: AtomicBool,
@@ -128,10 +138,17 @@ impl Wakeups {
         (waiter, !slot.ready)
     }
 
-    /// A SUBSCRIBE is about to be sent on `channel`.
-    pub(crate) fn subscribing(&self, channel: &str) {
+    /// A SUBSCRIBE is about to be sent on `channel`; until the returned
+    /// guard is [`Subscribing::confirmed`], a failure or a cancellation
+    /// takes the expectation back.
+    pub(crate) fn subscribing<'a>(&'a self, channel: &'a str) -> Subscribing<'a> {
         if let Some(slot) = self.slots.lock().unwrap().get_mut(channel) {
             slot.confirming += 1;
+        }
+        Subscribing {
+            registry: self,
+            channel,
+            done: false,
         }
     }
 
@@ -184,15 +201,36 @@ impl Wakeups {
         true
     }
 
-    /// A grant message from Redis: to its waiter, else kept for it.
-    pub(crate) fn granted(&self, channel: &str, owner: &str, grant: Grant) {
+    /// A grant message from Redis: to its waiter, else kept for it a
+    /// moment, else released.
+    pub(crate) fn granted(self: &Arc<Self>, channel: &str, owner: &str, grant: Grant) {
         if self.deliver(channel, owner, grant) {
             return;
         }
+        if self.settled.lock().unwrap().remove(owner).is_some() {
+            // Its owner asked again and holds the lock already.
+            return;
+        }
+        let owner: Arc<str> = owner.into();
+        self.unclaimed
+            .lock()
+            .unwrap()
+            .insert(owner.clone(), (grant, Instant::now()));
+        crate::client::unclaimed_grant(self.clone(), channel, owner);
+    }
+
+    /// The grant kept for `owner`, if nobody claimed it since.
+    pub(crate) fn take_unclaimed(&self, owner: &str) -> bool {
+        self.unclaimed.lock().unwrap().remove(owner).is_some()
+    }
+
+    /// `owner` holds its lock through an attempt of its own: a grant
+    /// message for it that comes later is no orphan.
+    pub(crate) fn settle(&self, owner: &Arc<str>) {
         let now = Instant::now();
-        let mut unclaimed = self.unclaimed.lock().unwrap();
-        unclaimed.retain(|_, (_, at)| now.duration_since(*at) < UNCLAIMED_FOR);
-        unclaimed.insert(owner.into(), (grant, now));
+        let mut settled = self.settled.lock().unwrap();
+        settled.retain(|_, at| now.duration_since(*at) < SETTLED_FOR);
+        settled.insert(owner.clone(), now);
     }
 
     pub(crate) fn notify(&self, channel: &str) {
@@ -208,10 +246,25 @@ impl Wakeups {
         if let Some(slot) = self.slots.lock().unwrap().get_mut(channel) {
             if slot.confirming > 0 {
                 slot.confirming -= 1;
-            } else if slot.ready {
+            } else {
+                // Subscribed again after a reconnect. Grants published
+                // meanwhile reached nobody, and their waiters were skipped:
+                // every waiter here checks.
+                slot.ready = true;
+                slot.wake.notify_waiters();
                 slot.wake.notify_one();
             }
         }
+    }
+
+    /// The subscription connection dropped: until it is back, releases
+    /// reach nobody here. New waiters subscribe (and check) afresh, and
+    /// everyone waiting asks again.
+    pub(crate) fn disconnected(&self) {
+        for slot in self.slots.lock().unwrap().values_mut() {
+            slot.ready = false;
+        }
+        self.notify_all();
     }
 
     /// Stop being where waiters listen: wake them all to go elsewhere.
@@ -253,6 +306,31 @@ impl Wakeups {
     }
 }
 
+/// A SUBSCRIBE in flight (see [`Wakeups::subscribing`]).
+pub(crate) struct Subscribing<'a> {
+    registry: &'a Wakeups,
+    channel: &'a str,
+    done: bool,
+}
+
+impl Subscribing<'_> {
+    /// Redis confirmed: the channel is listened on.
+    pub(crate) fn confirmed(mut self) {
+        self.done = true;
+        self.registry.mark_ready(self.channel);
+    }
+}
+
+impl Drop for Subscribing<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            if let Some(slot) = self.registry.slots.lock().unwrap().get_mut(self.channel) {
+                slot.confirming = slot.confirming.saturating_sub(1);
+            }
+        }
+    }
+}
+
 /// One task waiting for a lock.
 pub(crate) struct Waiter {
     wake: Arc<Notify>,
@@ -287,6 +365,17 @@ impl Waiter {
                     self.woken = true;
                     return Woken::Retry;
                 }
+            }
+        }
+    }
+
+    /// This waiter's owner holds the lock through an attempt of its own
+    /// (answered `Repeated` after a hand-off): a grant message for it that
+    /// is still on its way must not be released as an orphan.
+    pub(crate) fn settle(&self) {
+        if let Some((owner, m)) = &self.mailbox {
+            if m.grant.lock().unwrap().take().is_none() {
+                self.registry.settle(owner);
             }
         }
     }
@@ -395,7 +484,7 @@ mod tests {
         let (mut b, _) = reg.join(&ch, Some(&b_owner));
         let grant = Grant {
             fence: 7,
-            at: Stamp::ServerMs(1),
+            at: Stamp::ServerMs(1, tokio::time::Instant::now()),
         };
         assert!(reg.deliver(&ch, "c1:2", grant));
         match tokio::time::timeout(Duration::from_secs(5), b.released()).await {
@@ -418,7 +507,7 @@ mod tests {
         let ch: Arc<str> = "lock:{k}:granted:c1".into();
         let grant = Grant {
             fence: 3,
-            at: Stamp::ServerMs(1),
+            at: Stamp::ServerMs(1, tokio::time::Instant::now()),
         };
         reg.granted(&ch, "c1:1", grant);
         let owner: Arc<str> = "c1:1".into();

@@ -194,6 +194,12 @@ impl Watchdog {
         Left { was_lost }
     }
 
+    /// Whether `owner`'s lock under `hash` is being renewed.
+    pub(crate) fn holds(&self, hash: &Arc<str>, owner: &Arc<str>) -> bool {
+        let key: EntryKey = (hash.clone(), owner.clone());
+        self.shared.entries.lock().unwrap().contains_key(&key)
+    }
+
     /// How many locks are being renewed (for tests and metrics).
     pub(crate) fn len(&self) -> usize {
         self.shared.entries.lock().unwrap().len()

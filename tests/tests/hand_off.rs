@@ -35,6 +35,7 @@ fn script_calls(server: &RedisServer) -> u64 {
 /// calls, whatever the number of clients.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_contended_acquisition_costs_two_script_calls() {
+    tests::init_tracing();
     let server = RedisServer::start();
     let clients = clients(&server, 4).await;
     let key = unique("contended");
@@ -61,11 +62,16 @@ async fn a_contended_acquisition_costs_two_script_calls() {
             Ok::<(), LockError>(())
         }));
     }
+    // ...and every client listens for its grants (a waiter whose client
+    // does not listen yet is passed over and asks again: that first-wait
+    // race is not what this counts).
     let all_queued = eventually(Duration::from_secs(10), || {
-        queued(&server, &key) == TASKS as i64
+        let listening: Vec<String> =
+            server.cmd(&["PUBSUB", "CHANNELS", &format!("lock:{{{key}}}:granted:*")]);
+        queued(&server, &key) == TASKS as i64 && listening.len() == clients.len()
     })
     .await;
-    assert!(all_queued, "the 16 tasks did not all queue");
+    assert!(all_queued, "the 16 tasks did not all queue and listen");
     first.release().await.unwrap();
     for t in tasks {
         t.await.unwrap().unwrap();
@@ -395,4 +401,43 @@ async fn a_waiter_leaves_the_queue_also_behind_an_unmarked_lock() {
         vec![format!("lock:{{{key}}}:fence")],
         "b is still queued"
     );
+}
+
+/// The queue holds an entry of a client that no request of that client
+/// stands behind (its attempt's answer was lost and its withdrawal failed,
+/// say): the release hands the lock to it, since the client listens. The
+/// client passes the grant nobody claims on within about a second, instead
+/// of leaving the lock to that owner for its 30-s lease.
+#[tokio::test]
+async fn a_grant_nobody_claims_is_passed_on() {
+    let server = RedisServer::start();
+    let clients = clients(&server, 2).await;
+    let key = unique("unclaimed");
+    let holder = clients[0].lock(&key).await.unwrap();
+    let stray = format!("{}:999999", clients[1].id());
+    assert_eq!(
+        Scripts::new(&server, &key).acquire(&stray),
+        0,
+        "the stray entry queues"
+    );
+    let waiter = {
+        let (c, key) = (clients[1].clone(), key.clone());
+        tokio::spawn(async move { c.lock(&key).wait(Duration::from_secs(20)).await })
+    };
+    let ready = eventually(Duration::from_secs(10), || {
+        let listening: Vec<String> =
+            server.cmd(&["PUBSUB", "CHANNELS", &format!("lock:{{{key}}}:granted:*")]);
+        queued(&server, &key) == 2 && listening.len() == 1
+    })
+    .await;
+    assert!(ready, "the waiter did not queue behind the stray entry");
+    let released = Instant::now();
+    holder.release().await.unwrap();
+    let g = waiter.await.unwrap().unwrap();
+    assert!(
+        released.elapsed() < Duration::from_secs(5),
+        "the waiter got the lock {:?} after the release",
+        released.elapsed()
+    );
+    g.release().await.unwrap();
 }

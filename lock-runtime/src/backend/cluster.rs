@@ -77,7 +77,7 @@ impl ShardSubscriber {
             match info.kind {
                 PushKind::SMessage | PushKind::Message => heard(&pushed, &info.data),
                 // Messages may have been missed: let every waiter check.
-                PushKind::Disconnection => pushed.notify_all(),
+                PushKind::Disconnection => pushed.disconnected(),
                 PushKind::SSubscribe => {
                     if let Some(Value::BulkString(ch)) = info.data.first() {
                         if let Ok(ch) = std::str::from_utf8(ch) {
@@ -130,11 +130,11 @@ impl Inner {
     async fn subscribe(&self, channel: &Arc<str>) -> Result<(), LockError> {
         let mut conn = self.conn().await?;
         let _gate = self.gate.lock().await;
-        self.wakeups.subscribing(channel);
+        let pending = self.wakeups.subscribing(channel);
         let fut = conn.ssubscribe(&**channel);
         match tokio::time::timeout(self.settings.op_timeout, fut).await {
             Ok(Ok(())) => {
-                self.wakeups.mark_ready(channel);
+                pending.confirmed();
                 Ok(())
             }
             Ok(Err(e)) => Err(LockError::redis("subscribing to lock grants", e)),

@@ -198,9 +198,12 @@ impl Backend for MemoryBackend {
         owner: &Arc<str>,
     ) -> BoxFuture<Result<(Waiter, bool), LockError>> {
         let channel = name.grant_channel(client_of(owner));
-        let (waiter, fresh) = self.wakeups.join(&channel, Some(owner));
+        let (waiter, _) = self.wakeups.join(&channel, Some(owner));
         self.wakeups.mark_ready(&channel);
-        Box::pin(async move { Ok((waiter, fresh)) })
+        // Always "fresh": a release on another thread may have passed this
+        // owner over between its attempt and this registration, and
+        // checking the queue here costs nothing.
+        Box::pin(async move { Ok((waiter, true)) })
     }
 
     fn still_queued(
@@ -208,13 +211,15 @@ impl Backend for MemoryBackend {
         name: &LockName,
         owner: &Arc<str>,
     ) -> BoxFuture<Result<bool, LockError>> {
-        let queued = self
-            .state
-            .lock()
-            .unwrap()
-            .queues
-            .get(&name.hash)
-            .is_some_and(|q| q.iter().any(|w| w.owner == *owner));
+        let mut state = self.state.lock().unwrap();
+        let holds = state
+            .live(&name.hash, Instant::now())
+            .is_some_and(|l| l.owner == *owner);
+        let queued = holds
+            || state
+                .queues
+                .get(&name.hash)
+                .is_some_and(|q| q.iter().any(|w| w.owner == *owner));
         Box::pin(async move { Ok(queued) })
     }
 

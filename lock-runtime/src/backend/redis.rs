@@ -320,13 +320,22 @@ impl RedisNode {
             (Some(_), false) => "w".to_owned(),
             (Some(stay), true) => millis(stay).to_string(),
         };
-        let rejoin = if queue.rejoin { "1" } else { "" };
+        let keys = [&*name.hash, &name.fence(), &name.queue(), &name.waiters()];
+        let sent = std::sync::atomic::AtomicBool::new(false);
         let reply: Vec<i64> = self
-            .eval(
-                &scripts::ACQUIRE,
-                &[&name.hash, &name.fence(), &name.queue(), &name.waiters()],
-                &[owner, &lease_ms, &floor, &stay, rejoin],
-            )
+            .retrying(|| {
+                // Sent again after a send that may have run and queued this
+                // owner: if this one takes the lock, it leaves the queue.
+                let again = sent.swap(true, std::sync::atomic::Ordering::Relaxed);
+                let rejoin = if queue.rejoin || (again && queue.stay.is_some()) {
+                    "1"
+                } else {
+                    ""
+                };
+                let args = [owner, &lease_ms, &floor, &stay, rejoin];
+                let keys = &keys;
+                async move { self.eval_once(&scripts::ACQUIRE, keys, &args).await }
+            })
             .await?;
         let (flag, n, at) = match reply[..] {
             [flag, n] => (flag, n, 0),
@@ -386,16 +395,23 @@ impl RedisNode {
         })
     }
 
-    /// Whether `owner` still waits in the lock's queue.
+    /// Whether `owner` still waits in the lock's queue, or was handed the
+    /// lock already.
     pub(crate) async fn still_queued(
         &self,
         name: &LockName,
         owner: &str,
     ) -> Result<bool, LockError> {
-        let mut cmd = redis::cmd("HEXISTS");
-        cmd.arg(name.waiters()).arg(owner);
-        self.retrying(|| self.command::<bool>(cmd.clone(), "checking the lock queue"))
-            .await
+        // Queued, or already handed the lock (its grant message is on the
+        // way: this client listened when it was published).
+        let mut pipe = Pipeline::new();
+        pipe.cmd("HEXISTS").arg(name.waiters()).arg(owner);
+        pipe.cmd("GET").arg(&*name.hash);
+        let (queued, value): (bool, Option<String>) = self
+            .retrying(|| self.query(Query::Pipe(pipe.clone()), "checking the lock queue"))
+            .await?;
+        let holder = value.as_deref().and_then(|v| v.split(' ').next());
+        Ok(queued || holder == Some(owner))
     }
 
     /// Raise the fence counter to at least `fence` (Redlock).
@@ -625,7 +641,7 @@ impl SubInner {
                     match info.kind {
                         PushKind::Message => heard(&wakeups, &info.data),
                         // Messages may have been missed: let every waiter retry.
-                        PushKind::Disconnection => wakeups.notify_all(),
+                        PushKind::Disconnection => wakeups.disconnected(),
                         // Subscribed again after a reconnect: a release
                         // published in between was missed, so one waiter
                         // retries now rather than at its fallback.
@@ -667,11 +683,11 @@ impl SubInner {
     async fn subscribe(&self, channel: &Arc<str>) -> Result<(), LockError> {
         let mut conn = self.conn().await?;
         let _gate = self.gate.lock().await;
-        self.wakeups.subscribing(channel);
+        let pending = self.wakeups.subscribing(channel);
         let fut = conn.subscribe(&**channel);
         match tokio::time::timeout(self.settings.op_timeout, fut).await {
             Ok(Ok(())) => {
-                self.wakeups.mark_ready(channel);
+                pending.confirmed();
                 Ok(())
             }
             Ok(Err(e)) => Err(LockError::redis("subscribing to lock releases", e)),
@@ -706,7 +722,7 @@ pub(crate) fn client_of(owner: &str) -> &str {
 
 /// A message on a lock channel: a grant (`<owner> <token> <server ms>`) on
 /// a grant channel, an empty wake-up on a release channel.
-pub(crate) fn heard(wakeups: &Wakeups, data: &[Value]) {
+pub(crate) fn heard(wakeups: &Arc<Wakeups>, data: &[Value]) {
     let (Some(Value::BulkString(ch)), Some(Value::BulkString(msg))) = (data.first(), data.get(1))
     else {
         return;
@@ -733,7 +749,7 @@ pub(crate) fn heard(wakeups: &Wakeups, data: &[Value]) {
         owner,
         Grant {
             fence,
-            at: Stamp::ServerMs(at),
+            at: Stamp::ServerMs(at, tokio::time::Instant::now()),
         },
     );
 }

@@ -59,9 +59,17 @@ where
         }));
     }
     tokio::time::sleep(warm).await;
-    let (c0, t0, cpu0) = (done.load(Ordering::Relaxed), Instant::now(), redis_cpu(port));
+    let (c0, t0, cpu0) = (
+        done.load(Ordering::Relaxed),
+        Instant::now(),
+        redis_cpu(port),
+    );
     tokio::time::sleep(window).await;
-    let (c1, t1, cpu1) = (done.load(Ordering::Relaxed), Instant::now(), redis_cpu(port));
+    let (c1, t1, cpu1) = (
+        done.load(Ordering::Relaxed),
+        Instant::now(),
+        redis_cpu(port),
+    );
     stop.store(true, Ordering::Relaxed);
     for h in handles {
         h.await.expect("throughput task panicked");
@@ -205,7 +213,13 @@ pub fn run(ctx: &Ctx, report: &mut Report) {
                 rs_rate.map_or_else(|| "n/a".into(), |r| format!("{:.2}×", x / r)),
                 cpu.map_or_else(|| "n/a".into(), |c| format!("{c:.1} µs")),
             ],
-            None => vec![name.into(), "n/a".into(), "n/a".into(), "n/a".into(), "n/a".into()],
+            None => vec![
+                name.into(),
+                "n/a".into(),
+                "n/a".into(),
+                "n/a".into(),
+                "n/a".into(),
+            ],
         }
     };
     report.heading("Case 3 — throughput, 64 concurrent tasks on distinct keys");
