@@ -54,20 +54,21 @@ pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
     let key_span = args.key.span();
     let format = syn::LitStr::new(&template.format, key_span);
     let key_args = template.args(key_span);
-    let millis = |d: Option<std::time::Duration>| match d {
+    let millis = |method: &str, d: Option<std::time::Duration>| match d {
         // Sub-millisecond waits round up: "try once" stays zero.
         Some(d) => {
             let ms = d.as_micros().div_ceil(1000) as u64;
-            quote!(::core::option::Option::Some(#krate::__private::Duration::from_millis(#ms)))
+            let method = syn::Ident::new(method, Span::mixed_site());
+            quote!(.#method(#krate::__private::Duration::from_millis(#ms)))
         }
-        None => quote!(::core::option::Option::None),
+        None => quote!(),
     };
-    let lease = millis(args.lease);
-    let wait = millis(args.wait);
+    let lease = millis("lease", args.lease);
+    let wait = millis("wait", args.wait);
     let on_lost = if args.on_lost_continue {
-        quote!(#krate::__private::OnLost::Continue)
+        quote!(#krate::OnLost::Continue)
     } else {
-        quote!(#krate::__private::OnLost::Abort)
+        quote!(#krate::OnLost::Abort)
     };
     // Name the return type so the body type-checks against the signature;
     // `impl Trait` cannot be named in a turbofish, so infer it then.
@@ -76,23 +77,43 @@ pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
     } else {
         quote!(#ret)
     };
-    let key_var = syn::Ident::new("__lock_key", Span::mixed_site());
+    let ident = |name: &str| syn::Ident::new(name, Span::mixed_site());
+    let (key_var, fail, body_var, client, out, err) = (
+        ident("__lock_key"),
+        ident("__lock_fail"),
+        ident("__lock_body"),
+        ident("__lock_client"),
+        ident("__lock_out"),
+        ident("__lock_err"),
+    );
     let block = &func.block;
     // Glue code carries the return type's span: a wrong error type is
-    // reported once, there.
+    // reported once, there. The body is typed as the fn's return type (so
+    // `?` in it converts into that error type) and runs only under the
+    // lock, through the public `LockRequest::run`.
     let body = quote_spanned! {ret.span()=>
         let #key_var = #krate::__private::format!(#format #(, #key_args)*);
-        #krate::__private::locked::<#ret_ty, _>(
-            #key_var,
-            #krate::__private::Options {
-                lease: #lease,
-                wait: #wait,
-                on_lost: #on_lost,
+        let #fail = <#ret_ty as #krate::__private::LockResult>::from_lock_error;
+        // (A body that always diverges, `panic!` say, is no warning here.)
+        #[allow(unreachable_code, clippy::diverging_sub_expression)]
+        let #body_var = async move {
+            let #out: #ret_ty = #block;
+            #out
+        };
+        match #krate::client() {
+            ::core::result::Result::Ok(#client) => match #client
+                .lock(#key_var)
+                .on_lost(#on_lost)
+                #lease
+                #wait
+                .run(#body_var)
+                .await
+            {
+                ::core::result::Result::Ok(#out) => #out,
+                ::core::result::Result::Err(#err) => #fail(#err),
             },
-            <#ret_ty as #krate::__private::LockResult>::from_lock_error,
-            async move #block,
-        )
-        .await
+            ::core::result::Result::Err(#err) => #fail(#err),
+        }
     };
     let ItemFn {
         attrs, vis, sig, ..

@@ -1,6 +1,18 @@
+use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::runtime::Handle;
+
+use crate::backend::cluster;
+use crate::backend::memory::MemoryBackend;
+use crate::backend::node::NodeSettings;
+use crate::backend::redis::RedisBackend;
+use crate::backend::redlock::RedlockBackend;
+use crate::backend::sentinel::SentinelBackend;
+use crate::backend::Backend;
 use crate::client::Config;
+use crate::io::Io;
 use crate::{LockClient, LockError};
 
 /// Settings for a new [`LockClient`]; every annotated fn and lock request
@@ -107,7 +119,12 @@ impl LockClientBuilder {
 
     /// Connect to one Redis server.
     pub async fn connect(self, url: &str) -> Result<LockClient, LockError> {
-        LockClient::connect_with(self.without_acks("connect")?, url).await
+        let url = url.to_owned();
+        start(
+            self.without_acks("connect")?,
+            |_, settings, io| async move { RedisBackend::connect(&url, settings, io).await },
+        )
+        .await
     }
 
     /// Redlock over independent Redis servers; see [`LockClient::redlock`].
@@ -115,7 +132,11 @@ impl LockClientBuilder {
         self,
         urls: impl IntoIterator<Item = impl AsRef<str>>,
     ) -> Result<LockClient, LockError> {
-        LockClient::redlock_with(self.without_acks("redlock")?, owned(urls)).await
+        let urls = owned(urls);
+        start(self.without_acks("redlock")?, |config, settings, io| {
+            RedlockBackend::connect(urls, settings, io, config.retry_jitter)
+        })
+        .await
     }
 
     /// A Redis Cluster; see [`LockClient::cluster`].
@@ -129,7 +150,10 @@ impl LockClientBuilder {
                 "a Redis Cluster client needs at least one node URL".into(),
             ));
         }
-        LockClient::cluster_with(self.without_acks("cluster")?, urls).await
+        start(self.without_acks("cluster")?, |_, settings, io| {
+            cluster::connect(urls, settings, io)
+        })
+        .await
     }
 
     /// A primary found through Redis Sentinel; see [`LockClient::sentinel`].
@@ -149,7 +173,11 @@ impl LockClientBuilder {
                 "the replica_acks timeout must be longer than zero (WAIT 0 blocks forever)".into(),
             ));
         }
-        LockClient::sentinel_with(self.checked()?, urls, master_name.to_owned()).await
+        let master = master_name.to_owned();
+        start(self.checked()?, |config, settings, io| {
+            SentinelBackend::connect(urls, master, settings, config.replica_acks, io)
+        })
+        .await
     }
 
     /// Locks in this process only.
@@ -159,8 +187,30 @@ impl LockClientBuilder {
     /// refuses to start a thread.
     pub fn memory(self) -> LockClient {
         let config = self.checked().unwrap_or_else(|e| panic!("{e}"));
-        LockClient::memory_with(config)
+        let io = Io::start().unwrap_or_else(|e| panic!("{e}"));
+        LockClient::from_parts(config, Arc::new(MemoryBackend::new()), io)
     }
+}
+
+/// Start the client's I/O thread and connect its backend there, so the
+/// backend's connections live on the runtime that drives them.
+async fn start<B, Fut>(
+    config: Config,
+    connect: impl FnOnce(&Config, NodeSettings, Handle) -> Fut,
+) -> Result<LockClient, LockError>
+where
+    B: Backend,
+    Fut: Future<Output = Result<B, LockError>> + Send + 'static,
+{
+    let io = Io::start()?;
+    let backend = io
+        .run(connect(
+            &config,
+            config.node_settings(),
+            io.handle().clone(),
+        ))
+        .await?;
+    Ok(LockClient::from_parts(config, Arc::new(backend), io))
 }
 
 fn owned(urls: impl IntoIterator<Item = impl AsRef<str>>) -> Vec<String> {

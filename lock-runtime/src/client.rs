@@ -1,23 +1,13 @@
 use std::collections::HashMap;
-use std::future::Future;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use tokio::runtime::Handle;
-use tokio::time::Instant;
-
-use crate::backend::cluster;
-use crate::backend::memory::MemoryBackend;
-use crate::backend::redis::client_of;
-use crate::backend::redis::{NodeSettings, RedisBackend};
-use crate::backend::redlock::RedlockBackend;
-use crate::backend::sentinel::SentinelBackend;
-use crate::backend::{Acquired, Backend, Queue, Queued, Released, Renewal};
-use crate::guard::{Hold, LockGuard};
+use crate::backend::node::NodeSettings;
+use crate::backend::{Backend, Released};
 use crate::io::Io;
+use crate::key::client_of;
 use crate::key::LockName;
 use crate::request::LockRequest;
-use crate::scope::Scope;
 use crate::wakeups::{Waiter, Wakeups, ORPHAN_AFTER};
 use crate::watchdog::Watchdog;
 use crate::{LockClientBuilder, LockError};
@@ -129,19 +119,6 @@ impl Config {
             connect_timeout: self.connect_timeout,
         }
     }
-}
-
-/// What one acquire attempt came back with.
-pub(crate) enum Attempt {
-    Held(LockGuard),
-    /// Someone else holds it for about this long; `queued`: this attempt
-    /// joined the lock's queue (see [`Acquired::Busy`]).
-    Busy {
-        ttl: Option<Duration>,
-        queued: Option<Queued>,
-    },
-    /// Granted too late to use; being taken back.
-    Late(LockError),
 }
 
 impl std::fmt::Debug for LockClient {
@@ -257,6 +234,8 @@ impl LockClient {
         LockName::new(&self.inner.config.prefix, key).map_or(0, |n| self.inner.backend.waiting(&n))
     }
 
+    /// A client over a connected backend and the I/O thread its
+    /// connections live on (the builder makes both).
     pub(crate) fn from_parts(config: Config, backend: Arc<dyn Backend>, io: Io) -> LockClient {
         let inner = Arc::new(Inner {
             id: uuid::Uuid::new_v4().simple().to_string().into(),
@@ -270,141 +249,6 @@ impl LockClient {
             .unwrap()
             .insert(inner.id.clone(), Arc::downgrade(&inner));
         LockClient { inner }
-    }
-
-    pub(crate) fn memory_with(config: Config) -> LockClient {
-        let io = Io::start().expect("cannot start the lock I/O thread");
-        Self::from_parts(config, Arc::new(MemoryBackend::new()), io)
-    }
-
-    /// Start the client's I/O thread and connect its backend there, so the
-    /// backend's connections live on the runtime that drives them.
-    async fn start<B, Fut>(
-        config: Config,
-        connect: impl FnOnce(&Config, NodeSettings, Handle) -> Fut,
-    ) -> Result<LockClient, LockError>
-    where
-        B: Backend,
-        Fut: Future<Output = Result<B, LockError>> + Send + 'static,
-    {
-        let io = Io::start()?;
-        let backend = io
-            .run(connect(
-                &config,
-                config.node_settings(),
-                io.handle().clone(),
-            ))
-            .await?;
-        Ok(Self::from_parts(config, Arc::new(backend), io))
-    }
-
-    pub(crate) async fn connect_with(config: Config, url: &str) -> Result<LockClient, LockError> {
-        let url = url.to_owned();
-        Self::start(config, |_, settings, io| async move {
-            RedisBackend::connect(&url, settings, io).await
-        })
-        .await
-    }
-
-    pub(crate) async fn redlock_with(
-        config: Config,
-        urls: Vec<String>,
-    ) -> Result<LockClient, LockError> {
-        Self::start(config, |config, settings, io| {
-            RedlockBackend::connect(urls, settings, io, config.retry_jitter)
-        })
-        .await
-    }
-
-    pub(crate) async fn cluster_with(
-        config: Config,
-        urls: Vec<String>,
-    ) -> Result<LockClient, LockError> {
-        Self::start(config, |_, settings, io| {
-            cluster::connect(urls, settings, io)
-        })
-        .await
-    }
-
-    pub(crate) async fn sentinel_with(
-        config: Config,
-        urls: Vec<String>,
-        master: String,
-    ) -> Result<LockClient, LockError> {
-        Self::start(config, |config, settings, io| {
-            SentinelBackend::connect(urls, master, settings, config.replica_acks, io)
-        })
-        .await
-    }
-
-    /// One acquire attempt, sent from the caller's task. If the caller
-    /// drops it midway, the request's `Unsure` guard takes the attempt back.
-    ///
-    /// A `Repeated` grant (an earlier send of this owner's ran) counts its
-    /// lease from this send too: the script set the lease again.
-    pub(crate) async fn attempt(
-        &self,
-        name: &LockName,
-        owner: &Arc<str>,
-        lease: Duration,
-        queue: Queue,
-        scope: Option<Arc<Scope>>,
-    ) -> Result<Attempt, LockError> {
-        let inner = &self.inner;
-        let sent_at = Instant::now();
-        let fut = inner.backend.acquire(name, owner, lease, queue);
-        match inner.io.here(fut).await? {
-            Acquired::Busy { ttl, queued } => Ok(Attempt::Busy { ttl, queued }),
-            Acquired::Fresh { fence } | Acquired::Repeated { fence } => {
-                Ok(self.granted(name.clone(), owner.clone(), lease, fence, sent_at, scope))
-            }
-        }
-    }
-
-    /// Turn a grant into a guard, unless it came back too late to be one.
-    pub(crate) fn granted(
-        &self,
-        name: LockName,
-        owner: Arc<str>,
-        lease: Duration,
-        fence: u64,
-        granted_at: Instant,
-        scope: Option<Arc<Scope>>,
-    ) -> Attempt {
-        let inner = &self.inner;
-        // The lease counts from the send: a grant that comes back after it
-        // ran out may already be someone else's lock.
-        if granted_at.elapsed() + inner.backend.drift(lease) >= lease {
-            let err = LockError::timed_out(
-                format!(
-                    "acquiring lock `{}`: the grant came back after its lease had run out",
-                    name.key
-                ),
-                lease,
-            );
-            // Taken back in the background: this owner id is spent, and a
-            // later attempt must use another (its grant would be deleted).
-            self.release_in_background(name, owner);
-            return Attempt::Late(err);
-        }
-        let held = inner.watchdog.hold(
-            &inner.io,
-            &inner.backend,
-            Renewal {
-                name: name.clone(),
-                owner: owner.clone(),
-                lease,
-            },
-            granted_at,
-        );
-        let hold = Hold {
-            client: self.clone(),
-            name,
-            owner,
-            fence,
-            held,
-        };
-        Attempt::Held(LockGuard::fresh(hold, scope))
     }
 
     /// Release `owner`'s lock on the I/O thread. The task keeps the client

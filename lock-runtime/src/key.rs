@@ -90,6 +90,11 @@ impl LockName {
     }
 }
 
+/// The client id at the front of an owner id (`<client id>:<n>`).
+pub(crate) fn client_of(owner: &str) -> &str {
+    owner.split(':').next().unwrap_or(owner)
+}
+
 impl std::ops::Deref for LockName {
     type Target = Names;
 

@@ -38,8 +38,12 @@
 //! A held lock is the string `lock:{key}` holding the owner id of the one
 //! acquisition that holds it, with the lease as its expiry. Beside it, in
 //! the same cluster slot, the string `lock:{key}:fence` keeps the last
-//! fencing token handed out, and releases are published on
-//! `lock:{key}:released`. After a release only the fence counter remains.
+//! fencing token handed out. Waiters queue in `lock:{key}:queue` (with
+//! their leases in `lock:{key}:waiters`), and a release hands the lock to
+//! the first of them, telling its client on `lock:{key}:granted:<client
+//! id>`: a contended acquisition is one failed attempt and one pub/sub
+//! message (`docs/HANDOFF.md`). After a release with nobody waiting only
+//! the fence counter remains.
 //!
 //! # Lost replies and dropped connections
 //! Owner ids are unique per acquisition and every lock script is idempotent,
@@ -77,6 +81,7 @@ mod guard;
 mod io;
 mod key;
 mod request;
+mod run;
 mod scope;
 mod scripts;
 mod wakeups;
@@ -94,4 +99,5 @@ pub use global::{client, init};
 pub use guard::LockGuard;
 pub use lock_macros::distributed_lock;
 pub use request::LockRequest;
+pub use run::OnLost;
 pub use scope::current_fence;

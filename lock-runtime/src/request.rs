@@ -5,32 +5,34 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::{Queue, Queued};
-use crate::client::Attempt;
+use crate::backend::{Acquired, Queue, Queued, Renewal};
+use crate::guard::Hold;
 use crate::key::LockName;
 use crate::scope::{self, Reentry, Scope};
 use crate::wakeups::{Stamp, Waiter, Woken};
-use crate::{LockClient, LockError, LockGuard};
+use crate::{LockClient, LockError, LockGuard, OnLost};
 
 /// Longest lease accepted: a year is already a lock that outlives deploys.
 const MAX_LEASE: Duration = Duration::from_secs(366 * 24 * 3600);
 
-/// A lock about to be taken; `.await` it.
+/// A lock about to be taken; `.await` it for a guard, or
+/// [`run`](LockRequest::run) a body under it.
 ///
 /// Acquiring a free lock is one Redis round trip; re-entering one the
 /// caller's annotated scope holds is none. A busy one is waited for up to
-/// `wait`: the waiter subscribes to the lock's release channel and retries
-/// when the holder releases, with a jittered fallback retry (capped by the
-/// holder's remaining TTL) in case a message is lost. A failed attempt
-/// (connection cut, no answer) is tried again while `wait` has time left;
-/// an attempt whose answer was lost and that is not followed by a settled
-/// one is taken back.
+/// `wait`: the attempt joins the lock's queue, and the holder's release
+/// hands the lock to the first waiter in it (`docs/HANDOFF.md`), with a
+/// jittered fallback retry (capped by the holder's remaining TTL) in case a
+/// message is lost. A failed attempt (connection cut, no answer) is tried
+/// again while `wait` has time left; an attempt whose answer was lost and
+/// that is not followed by a settled one is taken back.
 #[must_use = "a lock request does nothing until awaited"]
 pub struct LockRequest {
-    client: LockClient,
-    key: String,
+    pub(crate) client: LockClient,
+    pub(crate) key: String,
     lease: Option<Duration>,
     wait: Option<Duration>,
+    pub(crate) on_lost: OnLost,
 }
 
 impl LockRequest {
@@ -40,6 +42,7 @@ impl LockRequest {
             key,
             lease: None,
             wait: None,
+            on_lost: OnLost::default(),
         }
     }
 
@@ -61,6 +64,7 @@ impl LockRequest {
             key,
             lease,
             wait,
+            ..
         } = self;
         let cfg = &client.inner.config;
         let lease = lease.unwrap_or(cfg.lease);
@@ -112,9 +116,7 @@ impl LockRequest {
             // owner, even if its answer never came.
             let may_queue = queue.stay.is_some();
             let sent_at = Instant::now();
-            let out = client
-                .attempt(&name, &owner, lease, queue, scope.clone())
-                .await;
+            let out = attempt(&client, &name, &owner, lease, queue, scope.clone()).await;
             let ttl = match out {
                 Ok(Attempt::Held(guard)) => {
                     unsure.pending = false;
@@ -240,7 +242,8 @@ impl LockRequest {
                 continue;
             }
             let from = lease_start(started, queued_at, grant.at);
-            match client.granted(
+            match granted(
+                &client,
                 name.clone(),
                 owner.clone(),
                 lease,
@@ -263,6 +266,95 @@ impl LockRequest {
             }
         }
     }
+}
+
+/// What one acquire attempt came back with.
+enum Attempt {
+    Held(LockGuard),
+    /// Someone else holds it for about this long; `queued`: this attempt
+    /// joined the lock's queue (see [`Acquired::Busy`]).
+    Busy {
+        ttl: Option<Duration>,
+        queued: Option<Queued>,
+    },
+    /// Granted too late to use; being taken back.
+    Late(LockError),
+}
+
+/// One acquire attempt, sent from the caller's task. If the caller
+/// drops it midway, the request's `Unsure` guard takes the attempt back.
+///
+/// A `Repeated` grant (an earlier send of this owner's ran) counts its
+/// lease from this send too: the script set the lease again.
+async fn attempt(
+    client: &LockClient,
+    name: &LockName,
+    owner: &Arc<str>,
+    lease: Duration,
+    queue: Queue,
+    scope: Option<Arc<Scope>>,
+) -> Result<Attempt, LockError> {
+    let inner = &client.inner;
+    let sent_at = Instant::now();
+    let fut = inner.backend.acquire(name, owner, lease, queue);
+    match inner.io.here(fut).await? {
+        Acquired::Busy { ttl, queued } => Ok(Attempt::Busy { ttl, queued }),
+        Acquired::Fresh { fence } | Acquired::Repeated { fence } => Ok(granted(
+            client,
+            name.clone(),
+            owner.clone(),
+            lease,
+            fence,
+            sent_at,
+            scope,
+        )),
+    }
+}
+
+/// Turn a grant into a guard, unless it came back too late to be one.
+fn granted(
+    client: &LockClient,
+    name: LockName,
+    owner: Arc<str>,
+    lease: Duration,
+    fence: u64,
+    granted_at: Instant,
+    scope: Option<Arc<Scope>>,
+) -> Attempt {
+    let inner = &client.inner;
+    // The lease counts from the send: a grant that comes back after it
+    // ran out may already be someone else's lock.
+    if granted_at.elapsed() + inner.backend.drift(lease) >= lease {
+        let err = LockError::timed_out(
+            format!(
+                "acquiring lock `{}`: the grant came back after its lease had run out",
+                name.key
+            ),
+            lease,
+        );
+        // Taken back in the background: this owner id is spent, and a
+        // later attempt must use another (its grant would be deleted).
+        client.release_in_background(name, owner);
+        return Attempt::Late(err);
+    }
+    let held = inner.watchdog.hold(
+        &inner.io,
+        &inner.backend,
+        Renewal {
+            name: name.clone(),
+            owner: owner.clone(),
+            lease,
+        },
+        granted_at,
+    );
+    let hold = Hold {
+        client: client.clone(),
+        name,
+        owner,
+        fence,
+        held,
+    };
+    Attempt::Held(LockGuard::fresh(hold, scope))
 }
 
 fn acquired(key: &str, guard: LockGuard, started: Instant) -> LockGuard {

@@ -20,9 +20,11 @@ use redis::cluster_async::ClusterConnection;
 use redis::{ProtocolVersion, PushInfo, PushKind, Value};
 use tokio::runtime::Handle;
 
-use super::redis::{client_of, heard, NodeSettings, RedisBackend, RedisNode, Releases};
+use super::node::{open, NodeSettings, RedisNode};
+use super::pubsub::heard;
+use super::redis::{RedisBackend, Releases};
 use super::BoxFuture;
-use crate::key::LockName;
+use crate::key::{client_of, LockName};
 use crate::wakeups::{Waiter, Wakeups};
 use crate::LockError;
 
@@ -36,8 +38,48 @@ pub(crate) async fn connect(
     io: Handle,
 ) -> Result<ClusterBackend, LockError> {
     let subscriber = ShardSubscriber::new(&urls, settings.clone(), io)?;
-    let node = RedisNode::cluster(&urls, settings).await?;
+    let node = connect_node(&urls, settings).await?;
     Ok(RedisBackend { node, subscriber })
+}
+
+/// Connect to a Redis Cluster through any of its nodes, for the lock
+/// scripts. Scripts are not preloaded: a node that lacks one gets it by EVAL
+/// on first use.
+async fn connect_node(urls: &[String], settings: NodeSettings) -> Result<RedisNode, LockError> {
+    let seeds = urls.join(", ");
+    for url in urls {
+        open(url)?;
+    }
+    let client = ClusterClient::builder(urls.iter().map(String::as_str))
+        .connection_timeout(settings.connect_timeout)
+        .response_timeout(settings.op_timeout)
+        .retries(3)
+        .min_retry_wait(50)
+        .max_retry_wait(500)
+        .build()
+        .map_err(|e| LockError::Config(format!("bad Redis Cluster nodes `{seeds}`: {e}")))?;
+    // Connecting (slot map included) and a first PING share one budget.
+    let budget = settings.connect_timeout + settings.op_timeout;
+    let what = format!("connecting to Redis Cluster via {seeds}");
+    let connect = async {
+        let mut conn = client
+            .get_async_connection()
+            .await
+            .map_err(|e| LockError::redis(what.clone(), e))?;
+        redis::cmd("PING")
+            .query_async::<String>(&mut conn)
+            .await
+            .map_err(|e| LockError::redis(what.clone(), e))?;
+        Ok::<_, LockError>(conn)
+    };
+    let conn = tokio::time::timeout(budget, connect)
+        .await
+        .map_err(|_| LockError::timed_out(what.clone(), budget))??;
+    Ok(RedisNode::on_cluster(
+        conn,
+        format!("cluster({seeds})").into(),
+        settings,
+    ))
 }
 
 /// Grants for this client's waiters, over one RESP3 cluster connection

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{Acquired, Backend, BoxFuture, Queue, Released, Renewal, Renewed};
-use crate::backend::redis::client_of;
+use crate::key::client_of;
 use crate::key::LockName;
 use crate::wakeups::{Grant, Stamp, Waiter, Wakeups};
 use crate::LockError;

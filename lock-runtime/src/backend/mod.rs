@@ -12,6 +12,8 @@ use crate::LockError;
 
 pub(crate) mod cluster;
 pub(crate) mod memory;
+pub(crate) mod node;
+pub(crate) mod pubsub;
 pub(crate) mod redis;
 pub(crate) mod redlock;
 pub(crate) mod sentinel;

@@ -29,7 +29,7 @@ use tokio::runtime::Handle;
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
-use super::redis::{NodeSettings, RedisNode, Wake};
+use super::node::{NodeSettings, RedisNode, Wake};
 use super::subscribers::AnySubscriber;
 use super::{Acquired, Backend, BoxFuture, Queue, Released, Renewal, Renewed};
 use crate::key::LockName;

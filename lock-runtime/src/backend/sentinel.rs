@@ -17,7 +17,8 @@ use std::time::Duration;
 use tokio::runtime::Handle;
 use tokio::time::Instant;
 
-use super::redis::{NodeSettings, RedisNode, Subscriber, Wake};
+use super::node::{NodeSettings, RedisNode, Wake};
+use super::pubsub::Subscriber;
 use super::{Acquired, Backend, BoxFuture, Queue, Released, Renewal, Renewed};
 use crate::error::BackendError;
 use crate::key::LockName;

@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use tokio::runtime::Handle;
 
-use super::redis::{NodeSettings, Subscriber};
+use super::node::NodeSettings;
+use super::pubsub::Subscriber;
 use super::BoxFuture;
 use crate::key::LockName;
 use crate::wakeups::Waiter;

@@ -1,0 +1,519 @@
+//! The lock protocol on one connection: the Lua scripts called by
+//! EVALSHA over a self-healing connection to one Redis server or a Redis
+//! Cluster, each send repeated when its connection broke (every script is
+//! idempotent). Every Redis-speaking backend runs its locks through this.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, FromRedisValue, Pipeline};
+
+use super::{Acquired, Queue, Queued, Released, Renewal, Renewed};
+use crate::error::BackendError;
+use crate::key::LockName;
+use crate::scripts::{self, Script};
+use crate::LockError;
+
+/// Renewals per EVALSHA: keeps one script call short enough not to stall
+/// Redis while still sending a whole tick in one pipelined round trip.
+const RENEW_CHUNK: usize = 500;
+
+/// First pause before a command is sent again after its connection broke
+/// (the connection manager is reconnecting) or a cluster slot was busy;
+/// doubled up to `MAX_RETRY_PAUSE`.
+const RETRY_PAUSE: Duration = Duration::from_millis(10);
+const MAX_RETRY_PAUSE: Duration = Duration::from_millis(200);
+
+/// Errors after which the same command is sent again at once: the
+/// connection broke (it is being re-established), or the cluster is moving
+/// a slot or failing over. Timeouts are not: they used the time up.
+fn retry_at_once(e: &redis::RedisError) -> bool {
+    use redis::{ErrorKind, ServerErrorKind};
+    crate::error::connection_broke(e)
+        || matches!(
+            e.kind(),
+            ErrorKind::Server(ServerErrorKind::TryAgain | ServerErrorKind::ClusterDown)
+        )
+        || matches!(e.code(), Some("TRYAGAIN" | "CLUSTERDOWN" | "LOADING"))
+}
+
+/// How a client talks to each Redis server.
+#[derive(Debug, Clone)]
+pub(crate) struct NodeSettings {
+    pub(crate) op_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
+}
+
+/// A connection that runs the lock scripts: to one Redis server, or to a
+/// Redis Cluster (commands routed by key, following MOVED/ASK and failovers).
+#[derive(Clone)]
+pub(crate) struct RedisNode {
+    conn: Conn,
+    pub(crate) addr: Arc<str>,
+    settings: NodeSettings,
+}
+
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+pub(crate) fn open(url: &str) -> Result<redis::Client, LockError> {
+    redis::Client::open(url).map_err(|e| LockError::Config(format!("bad Redis URL `{url}`: {e}")))
+}
+
+async fn send<T: FromRedisValue>(
+    q: &Query,
+    conn: &mut impl ConnectionLike,
+) -> redis::RedisResult<T> {
+    match q {
+        Query::Cmd(c) => c.query_async::<T>(conn).await,
+        Query::Pipe(p) => p.query_async::<T>(conn).await,
+    }
+}
+
+impl RedisNode {
+    /// Connect, check the server answers, and load the scripts. Must run on
+    /// the client's I/O runtime: reconnects are spawned where it was made.
+    pub(crate) async fn connect(url: &str, settings: NodeSettings) -> Result<Self, LockError> {
+        let client = open(url)?;
+        let addr: Arc<str> = client.get_connection_info().addr().to_string().into();
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(settings.connect_timeout))
+            .set_response_timeout(Some(settings.op_timeout))
+            .set_number_of_retries(2)
+            .set_min_delay(Duration::from_millis(50))
+            .set_max_delay(Duration::from_millis(500));
+        let budget = settings.connect_timeout + settings.op_timeout;
+        let conn = tokio::time::timeout(
+            budget,
+            ConnectionManager::new_with_config(client.clone(), config),
+        )
+        .await
+        .map_err(|_| LockError::timed_out(format!("connecting to Redis at {addr}"), budget))?
+        .map_err(|e| LockError::redis(format!("connecting to Redis at {addr}"), e))?;
+        let node = RedisNode {
+            conn: Conn::Single(conn),
+            addr,
+            settings,
+        };
+        node.load_scripts().await?;
+        node.warn_if_evicting().await;
+        Ok(node)
+    }
+
+    /// Eviction is the one way Redis deletes a lock or a fence counter
+    /// without being asked: say so at start-up. Best effort (managed Redis
+    /// often refuses `CONFIG`).
+    async fn warn_if_evicting(&self) {
+        let mut cmd = redis::cmd("CONFIG");
+        cmd.arg("GET").arg("maxmemory-policy");
+        let Ok(reply) = self
+            .command::<Vec<String>>(cmd, "reading maxmemory-policy")
+            .await
+        else {
+            return;
+        };
+        let Some(policy) = reply.get(1) else {
+            return;
+        };
+        if policy.starts_with("allkeys") || policy.starts_with("volatile") {
+            tracing::warn!(
+                redis = %self.addr,
+                policy = %policy,
+                "Redis may evict keys under memory pressure: a held lock can vanish (its holder \
+                 learns at the next renewal){} Use `maxmemory-policy noeviction` for lock data.",
+                if policy.starts_with("allkeys") {
+                    ", and a fence counter can be evicted (tokens then restart at the server clock, \
+                     still above earlier ones unless the clock stepped back)."
+                } else {
+                    "."
+                }
+            );
+        }
+    }
+
+    /// Run the protocol over a cluster connection (see `cluster.rs`,
+    /// which makes it): commands are routed by key.
+    pub(crate) fn on_cluster(
+        conn: ClusterConnection,
+        addr: Arc<str>,
+        settings: NodeSettings,
+    ) -> Self {
+        RedisNode {
+            conn: Conn::Cluster(conn),
+            addr,
+            settings,
+        }
+    }
+
+    /// Run a plain command (WAIT, ROLE, ...).
+    pub(crate) async fn command<T: FromRedisValue>(
+        &self,
+        cmd: Cmd,
+        what: &str,
+    ) -> Result<T, LockError> {
+        self.query(Query::Cmd(cmd), what).await
+    }
+
+    async fn load_scripts(&self) -> Result<(), LockError> {
+        let mut pipe = Pipeline::new();
+        for s in scripts::ALL {
+            pipe.add_command(s.load());
+        }
+        self.query::<Vec<String>>(pipe_cmd(pipe), "loading lock scripts")
+            .await?;
+        Ok(())
+    }
+
+    async fn query<T: FromRedisValue>(&self, q: Query, what: &str) -> Result<T, LockError> {
+        let mut conn = self.conn.clone();
+        let fut = async {
+            match &mut conn {
+                Conn::Single(c) => send(&q, c).await,
+                Conn::Cluster(c) => send(&q, c).await,
+            }
+        };
+        match tokio::time::timeout(self.settings.op_timeout, fut).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(LockError::redis(
+                format!("{what} on Redis at {}", self.addr),
+                e,
+            )),
+            Err(_) => Err(LockError::timed_out(
+                format!("{what} on Redis at {}", self.addr),
+                self.settings.op_timeout,
+            )),
+        }
+    }
+
+    /// EVALSHA; if Redis lost the script (restart, failover to a replica
+    /// that never saw it), EVAL sends it along and caches it there.
+    ///
+    /// Sent again, within the operation timeout, when the connection broke
+    /// under it or a cluster slot is moving (`TRYAGAIN`) or failing over
+    /// (`CLUSTERDOWN`): every lock script is idempotent (owner ids are
+    /// unique per acquisition, so a repeated acquire is recognised and a
+    /// repeated release or renewal finds the state the first one left).
+    async fn eval<T: FromRedisValue>(
+        &self,
+        script: &Script,
+        keys: &[&str],
+        args: &[&str],
+    ) -> Result<T, LockError> {
+        Ok(self.eval_noting_repeats(script, keys, args).await?.0)
+    }
+
+    /// [`eval`](Self::eval), and whether an earlier send may have run (its
+    /// connection broke after it was sent, or no answer came).
+    async fn eval_noting_repeats<T: FromRedisValue>(
+        &self,
+        script: &Script,
+        keys: &[&str],
+        args: &[&str],
+    ) -> Result<(T, bool), LockError> {
+        let ran_before = std::sync::atomic::AtomicBool::new(false);
+        self.retrying(|| async {
+            let out = self.eval_once(script, keys, args).await;
+            if let Err(e) = &out {
+                if crate::error::may_have_run(e) {
+                    ran_before.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+            out.map(|v| (v, ran_before.load(std::sync::atomic::Ordering::Relaxed)))
+        })
+        .await
+    }
+
+    /// Run `op` until it succeeds, fails for good, or the operation
+    /// timeout has no room for another try.
+    async fn retrying<T, F, Fut>(&self, mut op: F) -> Result<T, LockError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, LockError>>,
+    {
+        let deadline = tokio::time::Instant::now() + self.settings.op_timeout;
+        let mut pause = RETRY_PAUSE;
+        loop {
+            match op().await {
+                Err(LockError::Backend(BackendError::Redis { source, .. }))
+                    if retry_at_once(&source) && tokio::time::Instant::now() + pause < deadline =>
+                {
+                    tracing::debug!(error = %source, "Redis command failed; sending it again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(MAX_RETRY_PAUSE);
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn eval_once<T: FromRedisValue>(
+        &self,
+        script: &Script,
+        keys: &[&str],
+        args: &[&str],
+    ) -> Result<T, LockError> {
+        let what = script.name;
+        match self
+            .query(Query::Cmd(script.evalsha(keys, args)), what)
+            .await
+        {
+            Err(LockError::Backend(BackendError::Redis { source, .. }))
+                if scripts::is_noscript(&source) =>
+            {
+                self.query(Query::Cmd(script.eval(keys, args)), what).await
+            }
+            other => other,
+        }
+    }
+
+    /// Take the lock for `owner`. `floor`: the lowest token to hand out
+    /// (default: the server's clock in microseconds). `queue`: what a busy
+    /// attempt does (Redlock nodes never queue; they mark the lock so that
+    /// its release wakes waiters).
+    pub(crate) async fn acquire(
+        &self,
+        name: &LockName,
+        owner: &str,
+        lease: Duration,
+        floor: Option<u64>,
+        queue: Queue,
+    ) -> Result<Acquired, LockError> {
+        let lease_ms = millis(lease).to_string();
+        let floor = floor.map(|f| f.to_string()).unwrap_or_default();
+        let stay = match (queue.stay, floor.is_empty()) {
+            (None, _) => String::new(),
+            (Some(_), false) => "w".to_owned(),
+            (Some(stay), true) => millis(stay).to_string(),
+        };
+        let keys = [&*name.hash, &name.fence(), &name.queue(), &name.waiters()];
+        let sent = std::sync::atomic::AtomicBool::new(false);
+        let reply: Vec<i64> = self
+            .retrying(|| {
+                // Sent again after a send that may have run and queued this
+                // owner: if this one takes the lock, it leaves the queue.
+                let again = sent.swap(true, std::sync::atomic::Ordering::Relaxed);
+                let rejoin = if queue.rejoin || (again && queue.stay.is_some()) {
+                    "1"
+                } else {
+                    ""
+                };
+                let args = [owner, &lease_ms, &floor, &stay, rejoin];
+                let keys = &keys;
+                async move { self.eval_once(&scripts::ACQUIRE, keys, &args).await }
+            })
+            .await?;
+        let (flag, n, at) = match reply[..] {
+            [flag, n] => (flag, n, 0),
+            [flag, n, at] => (flag, n, at),
+            _ => {
+                return Err(LockError::other(format!(
+                    "acquire.lua on Redis at {}: unexpected reply {reply:?}",
+                    self.addr
+                )))
+            }
+        };
+        Ok(match flag {
+            1 => Acquired::Fresh { fence: n as u64 },
+            2 => Acquired::Repeated { fence: n as u64 },
+            _ => Acquired::Busy {
+                ttl: (n > 0).then(|| Duration::from_millis(n as u64)),
+                queued: (at > 0).then_some(Queued::At(at as u64)),
+            },
+        })
+    }
+
+    /// Release `owner`'s lock: hand it to the first live waiter in its
+    /// queue, or delete it; an owner that only waited leaves the queue.
+    /// `wake` is for Redlock, whose waiters do not queue.
+    pub(crate) async fn release(
+        &self,
+        name: &LockName,
+        owner: &str,
+        wake: Wake,
+    ) -> Result<Released, LockError> {
+        let flag = match wake {
+            Wake::IfReleased => "r",
+            Wake::Always => "a",
+            Wake::Never => "n",
+        };
+        let publish = match self.conn {
+            Conn::Cluster(_) => "spublish",
+            Conn::Single(_) => "publish",
+        };
+        let (freed, repeated): (i64, bool) = self
+            .eval_noting_repeats(
+                &scripts::RELEASE,
+                &[&name.hash, &name.fence(), &name.queue(), &name.waiters()],
+                &[owner, &name.grants(), publish, &name.channel(), flag],
+            )
+            .await?;
+        Ok(match freed {
+            1 => Released::Freed,
+            // An earlier send whose reply was lost may have released it, and
+            // a waiter may have taken it since: nothing here says it was
+            // lost before.
+            _ if repeated => Released::Freed,
+            // The cluster client re-sends a command whose connection broke
+            // on its own, so there an absent lock may be that too.
+            0 if matches!(self.conn, Conn::Cluster(_)) => Released::Freed,
+            _ => Released::NotOwner,
+        })
+    }
+
+    /// Whether `owner` still waits in the lock's queue, or was handed the
+    /// lock already.
+    pub(crate) async fn still_queued(
+        &self,
+        name: &LockName,
+        owner: &str,
+    ) -> Result<bool, LockError> {
+        // Queued, or already handed the lock (its grant message is on the
+        // way: this client listened when it was published).
+        let mut pipe = Pipeline::new();
+        pipe.cmd("HEXISTS").arg(name.waiters()).arg(owner);
+        pipe.cmd("GET").arg(&*name.hash);
+        let (queued, value): (bool, Option<String>) = self
+            .retrying(|| self.query(Query::Pipe(pipe.clone()), "checking the lock queue"))
+            .await?;
+        let holder = value.as_deref().and_then(|v| v.split(' ').next());
+        Ok(queued || holder == Some(owner))
+    }
+
+    /// Raise the fence counter to at least `fence` (Redlock).
+    pub(crate) async fn raise_fence(&self, name: &LockName, fence: u64) -> Result<(), LockError> {
+        let fence = fence.to_string();
+        let _: i64 = self
+            .eval(&scripts::RAISE_FENCE, &[&name.fence()], &[&fence])
+            .await?;
+        Ok(())
+    }
+
+    /// Renew a batch in one pipelined round trip (one script call per lock
+    /// on a cluster, where the locks live in different slots).
+    pub(crate) async fn renew(&self, batch: &[Renewal]) -> Vec<Renewed> {
+        if let Conn::Cluster(_) = self.conn {
+            return futures_util::future::join_all(batch.iter().map(|r| self.renew_one(r))).await;
+        }
+        match self.retrying(|| self.renew_once(batch)).await {
+            Err(LockError::Backend(BackendError::Redis { source, .. }))
+                if scripts::is_noscript(&source) =>
+            {
+                match self
+                    .query::<String>(Query::Cmd(scripts::RENEW.load()), "loading lock script")
+                    .await
+                {
+                    Ok(_) => self.renew_once(batch).await,
+                    Err(e) => Err(e),
+                }
+            }
+            other => other,
+        }
+        .unwrap_or_else(|e| {
+            let msg = e.to_string();
+            batch
+                .iter()
+                .map(|_| Renewed::Failed(LockError::other(msg.clone())))
+                .collect()
+        })
+    }
+
+    async fn renew_one(&self, r: &Renewal) -> Renewed {
+        let lease = millis(r.lease).to_string();
+        match self
+            .eval::<Vec<u8>>(&scripts::RENEW, &[&r.name.hash], &{
+                let (front, rest) = owner_parts(&r.owner);
+                [&*lease, front, rest]
+            })
+            .await
+        {
+            Ok(flags) if flags.first() == Some(&b'1') => Renewed::Yes,
+            Ok(_) => Renewed::NotOwner,
+            Err(e) => Renewed::Failed(e),
+        }
+    }
+
+    async fn renew_once(&self, batch: &[Renewal]) -> Result<Vec<Renewed>, LockError> {
+        // One EVALSHA per lease and chunk: a client's locks mostly share a
+        // lease, and all share the front of their owner ids, which then
+        // travel once per call instead of once per lock.
+        let group_of = |i: usize| (batch[i].lease, owner_parts(&batch[i].owner).0);
+        let mut order: Vec<usize> = (0..batch.len()).collect();
+        if (1..batch.len()).any(|i| group_of(i) != group_of(0)) {
+            order.sort_by(|&a, &b| group_of(a).cmp(&group_of(b)));
+        }
+        let mut pipe = Pipeline::new();
+        let mut calls = 0;
+        for group in order.chunk_by(|&a, &b| group_of(a) == group_of(b)) {
+            let (lease, front) = group_of(group[0]);
+            let lease = millis(lease).to_string();
+            for chunk in group.chunks(RENEW_CHUNK) {
+                let keys: Vec<&str> = chunk.iter().map(|&i| &*batch[i].name.hash).collect();
+                let mut args: Vec<&str> = Vec::with_capacity(chunk.len() + 2);
+                args.push(&lease);
+                args.push(front);
+                args.extend(chunk.iter().map(|&i| owner_parts(&batch[i].owner).1));
+                pipe.add_command(scripts::RENEW.evalsha(&keys, &args));
+                calls += 1;
+            }
+        }
+        let flags: Vec<Vec<u8>> = self.query(pipe_cmd(pipe), "renewing locks").await?;
+        if flags.len() != calls {
+            return Err(LockError::other(format!(
+                "renewing locks: {} replies to {calls} calls",
+                flags.len()
+            )));
+        }
+        let mut out: Vec<Renewed> = Vec::with_capacity(batch.len());
+        out.resize_with(batch.len(), || Renewed::NotOwner);
+        let mut seen = 0;
+        for (&i, f) in order.iter().zip(flags.iter().flatten()) {
+            if *f == b'1' {
+                out[i] = Renewed::Yes;
+            }
+            seen += 1;
+        }
+        if seen != batch.len() {
+            return Err(LockError::other(format!(
+                "renewing locks: {seen} verdicts for {} locks",
+                batch.len()
+            )));
+        }
+        Ok(out)
+    }
+}
+
+/// When a release publishes on the lock's channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wake {
+    /// When it deleted the lock.
+    IfReleased,
+    /// Also where the lock is absent: a Redlock waiter listens on one node,
+    /// which may never have had this owner's lock.
+    Always,
+    /// Never: taking back a partial Redlock grant frees nothing, and a
+    /// wake-up would only send the waiters (this one too) round again.
+    Never,
+}
+
+enum Query {
+    Cmd(Cmd),
+    Pipe(Pipeline),
+}
+
+fn pipe_cmd(p: Pipeline) -> Query {
+    Query::Pipe(p)
+}
+
+pub(crate) fn millis(d: Duration) -> u64 {
+    (d.as_millis() as u64).max(1)
+}
+
+/// An owner id (`<client id>:<n>`) split after its first `:`.
+fn owner_parts(owner: &str) -> (&str, &str) {
+    owner.split_at(owner.find(':').map_or(0, |i| i + 1))
+}
