@@ -1,5 +1,4 @@
 use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::runtime::Handle;
@@ -122,7 +121,11 @@ impl LockClientBuilder {
         let url = url.to_owned();
         start(
             self.without_acks("connect")?,
-            |_, settings, io| async move { RedisBackend::connect(&url, settings, io).await },
+            |_, settings, io| async move {
+                RedisBackend::connect(&url, settings, io)
+                    .await
+                    .map(Backend::Redis)
+            },
         )
         .await
     }
@@ -134,7 +137,8 @@ impl LockClientBuilder {
     ) -> Result<LockClient, LockError> {
         let urls = owned(urls);
         start(self.without_acks("redlock")?, |config, settings, io| {
-            RedlockBackend::connect(urls, settings, io, config.retry_jitter)
+            let connect = RedlockBackend::connect(urls, settings, io, config.retry_jitter);
+            async move { connect.await.map(Backend::Redlock) }
         })
         .await
     }
@@ -150,9 +154,14 @@ impl LockClientBuilder {
                 "a Redis Cluster client needs at least one node URL".into(),
             ));
         }
-        start(self.without_acks("cluster")?, |_, settings, io| {
-            cluster::connect(urls, settings, io)
-        })
+        start(
+            self.without_acks("cluster")?,
+            |_, settings, io| async move {
+                cluster::connect(urls, settings, io)
+                    .await
+                    .map(Backend::Cluster)
+            },
+        )
         .await
     }
 
@@ -175,7 +184,8 @@ impl LockClientBuilder {
         }
         let master = master_name.to_owned();
         start(self.checked()?, |config, settings, io| {
-            SentinelBackend::connect(urls, master, settings, config.replica_acks, io)
+            let connect = SentinelBackend::connect(urls, master, settings, config.replica_acks, io);
+            async move { connect.await.map(Backend::Sentinel) }
         })
         .await
     }
@@ -188,19 +198,18 @@ impl LockClientBuilder {
     pub fn memory(self) -> LockClient {
         let config = self.checked().unwrap_or_else(|e| panic!("{e}"));
         let io = Io::start().unwrap_or_else(|e| panic!("{e}"));
-        LockClient::from_parts(config, Arc::new(MemoryBackend::new()), io)
+        LockClient::from_parts(config, Backend::Memory(MemoryBackend::new()), io)
     }
 }
 
 /// Start the client's I/O thread and connect its backend there, so the
 /// backend's connections live on the runtime that drives them.
-async fn start<B, Fut>(
+async fn start<Fut>(
     config: Config,
     connect: impl FnOnce(&Config, NodeSettings, Handle) -> Fut,
 ) -> Result<LockClient, LockError>
 where
-    B: Backend,
-    Fut: Future<Output = Result<B, LockError>> + Send + 'static,
+    Fut: Future<Output = Result<Backend, LockError>> + Send + 'static,
 {
     let io = Io::start()?;
     let backend = io
@@ -210,7 +219,7 @@ where
             io.handle().clone(),
         ))
         .await?;
-    Ok(LockClient::from_parts(config, Arc::new(backend), io))
+    Ok(LockClient::from_parts(config, backend, io))
 }
 
 fn owned(urls: impl IntoIterator<Item = impl AsRef<str>>) -> Vec<String> {

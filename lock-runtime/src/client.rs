@@ -37,7 +37,7 @@ pub struct LockClient {
 pub(crate) struct Inner {
     /// Random per client: owner ids never collide across processes.
     pub(crate) id: Arc<str>,
-    pub(crate) backend: Arc<dyn Backend>,
+    pub(crate) backend: Arc<Backend>,
     pub(crate) config: Config,
     pub(crate) watchdog: Watchdog,
     /// Declared last: the I/O thread stops after everything above is gone.
@@ -236,10 +236,10 @@ impl LockClient {
 
     /// A client over a connected backend and the I/O thread its
     /// connections live on (the builder makes both).
-    pub(crate) fn from_parts(config: Config, backend: Arc<dyn Backend>, io: Io) -> LockClient {
+    pub(crate) fn from_parts(config: Config, backend: Backend, io: Io) -> LockClient {
         let inner = Arc::new(Inner {
             id: uuid::Uuid::new_v4().simple().to_string().into(),
-            backend,
+            backend: Arc::new(backend),
             config,
             watchdog: Watchdog::new(),
             io,

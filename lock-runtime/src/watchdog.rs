@@ -131,7 +131,7 @@ impl Watchdog {
     pub(crate) fn hold(
         &self,
         io: &Io,
-        backend: &Arc<dyn Backend>,
+        backend: &Arc<Backend>,
         renewal: Renewal,
         granted_at: Instant,
     ) -> Held {
@@ -205,7 +205,7 @@ impl Watchdog {
         self.shared.entries.lock().unwrap().len()
     }
 
-    fn start(&self, io: &Io, backend: &Arc<dyn Backend>) {
+    fn start(&self, io: &Io, backend: &Arc<Backend>) {
         self.shared.started.call_once(|| {
             io.spawn(run(self.shared.clone(), backend.clone()));
         });
@@ -219,7 +219,7 @@ impl Drop for Watchdog {
     }
 }
 
-async fn run(shared: Arc<Shared>, backend: Arc<dyn Backend>) {
+async fn run(shared: Arc<Shared>, backend: Arc<Backend>) {
     loop {
         let notified = shared.wake.notified();
         if shared.closed.load(Ordering::Acquire) {
@@ -233,7 +233,7 @@ async fn run(shared: Arc<Shared>, backend: Arc<dyn Backend>) {
         };
         match next {
             Some(at) => tokio::select! {
-                _ = tokio::time::sleep_until(at) => tick(&shared, &*backend).await,
+                _ = tokio::time::sleep_until(at) => tick(&shared, &backend).await,
                 _ = notified => {}
             },
             None => notified.await,
@@ -241,7 +241,7 @@ async fn run(shared: Arc<Shared>, backend: Arc<dyn Backend>) {
     }
 }
 
-async fn tick(shared: &Shared, backend: &dyn Backend) {
+async fn tick(shared: &Shared, backend: &Backend) {
     let now = Instant::now();
     // Entry ids in batch order. Ids grow with each new entry, so the
     // outcomes are matched back by binary search over the sorted ids rather
@@ -329,52 +329,24 @@ async fn tick(shared: &Shared, backend: &dyn Backend) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::{Acquired, BoxFuture, Released};
+    use crate::backend::BoxFuture;
     use crate::key::LockName;
-    use crate::wakeups::Waiter;
-    use crate::LockError;
 
     /// Answers a renewal only when told to.
     #[derive(Default)]
     struct Gate {
         sent: Notify,
-        go: Notify,
+        go: Arc<Notify>,
     }
 
-    impl Backend for Arc<Gate> {
-        fn acquire(
-            &self,
-            _: &LockName,
-            _: &Arc<str>,
-            _: Duration,
-            _: crate::backend::Queue,
-        ) -> BoxFuture<Result<Acquired, LockError>> {
-            Box::pin(async { Err(LockError::other("not used")) })
-        }
-
-        fn release(&self, _: &LockName, _: &Arc<str>) -> BoxFuture<Result<Released, LockError>> {
-            Box::pin(async { Err(LockError::other("not used")) })
-        }
-
+    impl crate::backend::fake::Fake for Gate {
         fn renew(&self, batch: Vec<Renewal>) -> BoxFuture<Vec<Renewed>> {
-            let gate = self.clone();
+            self.sent.notify_one();
+            let (n, go) = (batch.len(), self.go.clone());
             Box::pin(async move {
-                gate.sent.notify_one();
-                gate.go.notified().await;
-                batch.iter().map(|_| Renewed::Yes).collect()
+                go.notified().await;
+                (0..n).map(|_| Renewed::Yes).collect()
             })
-        }
-
-        fn subscribe(
-            &self,
-            _: &LockName,
-            _: &Arc<str>,
-        ) -> BoxFuture<Result<(Waiter, bool), LockError>> {
-            Box::pin(async { Err(LockError::other("not used")) })
-        }
-
-        fn waiting(&self, _: &LockName) -> usize {
-            0
         }
     }
 
@@ -382,7 +354,7 @@ mod tests {
     async fn a_tick_books_the_lease_it_sent_not_one_raised_meanwhile() {
         let dog = Watchdog::new();
         let gate = Arc::new(Gate::default());
-        let backend: Arc<dyn Backend> = Arc::new(gate.clone());
+        let backend = Arc::new(Backend::Fake(gate.clone()));
         let (short, long) = (Duration::from_secs(3), Duration::from_secs(30));
         let renewal = Renewal {
             name: LockName::new("lock:", "k").unwrap(),
@@ -392,7 +364,7 @@ mod tests {
         let held = dog.insert(renewal, Instant::now(), Duration::ZERO);
         tokio::time::advance(interval(short)).await;
         let (shared, b) = (dog.shared.clone(), backend.clone());
-        let ticking = tokio::spawn(async move { tick(&shared, &*b).await });
+        let ticking = tokio::spawn(async move { tick(&shared, &b).await });
         gate.sent.notified().await;
         let sent_at = Instant::now();
         // A nested holder asks for a longer lease while the tick is out.

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Acquired, Backend, BoxFuture, Queue, Released, Renewal, Renewed};
+use super::{Acquired, BoxFuture, Queue, Released, Renewal, Renewed};
 use crate::key::client_of;
 use crate::key::LockName;
 use crate::wakeups::{Grant, Stamp, Waiter, Wakeups};
@@ -170,8 +170,8 @@ impl MemoryBackend {
     }
 }
 
-impl Backend for MemoryBackend {
-    fn acquire(
+impl MemoryBackend {
+    pub(crate) fn acquire(
         &self,
         name: &LockName,
         owner: &Arc<str>,
@@ -182,17 +182,21 @@ impl Backend for MemoryBackend {
         Box::pin(async move { Ok(out) })
     }
 
-    fn release(&self, name: &LockName, owner: &Arc<str>) -> BoxFuture<Result<Released, LockError>> {
+    pub(crate) fn release(
+        &self,
+        name: &LockName,
+        owner: &Arc<str>,
+    ) -> BoxFuture<Result<Released, LockError>> {
         let out = self.release_now(name, owner);
         Box::pin(async move { Ok(out) })
     }
 
-    fn renew(&self, batch: Vec<Renewal>) -> BoxFuture<Vec<Renewed>> {
+    pub(crate) fn renew(&self, batch: Vec<Renewal>) -> BoxFuture<Vec<Renewed>> {
         let out = batch.iter().map(|r| self.renew_now(r)).collect();
         Box::pin(async move { out })
     }
 
-    fn subscribe(
+    pub(crate) fn subscribe(
         &self,
         name: &LockName,
         owner: &Arc<str>,
@@ -206,7 +210,7 @@ impl Backend for MemoryBackend {
         Box::pin(async move { Ok((waiter, true)) })
     }
 
-    fn still_queued(
+    pub(crate) fn still_queued(
         &self,
         name: &LockName,
         owner: &Arc<str>,
@@ -223,7 +227,7 @@ impl Backend for MemoryBackend {
         Box::pin(async move { Ok(queued) })
     }
 
-    fn waiting(&self, name: &LockName) -> usize {
+    pub(crate) fn waiting(&self, name: &LockName) -> usize {
         self.wakeups.waiters_under(&name.grants())
     }
 }

@@ -93,58 +93,126 @@ pub(crate) enum Renewed {
     Failed(LockError),
 }
 
-/// Where locks live. Futures are `'static` so the client can run them on its
-/// own I/O runtime, where they finish even if the caller goes away.
-pub(crate) trait Backend: Send + Sync + 'static {
-    fn acquire(
+/// Where locks live: one variant per deployment, each with the same verbs.
+/// An enum, not a trait object: the set of deployments is closed, and a
+/// match costs less than a boxed future at every call.
+pub(crate) enum Backend {
+    Memory(memory::MemoryBackend),
+    Redis(redis::RedisBackend),
+    Cluster(cluster::ClusterBackend),
+    Sentinel(sentinel::SentinelBackend),
+    Redlock(redlock::RedlockBackend),
+    /// A stand-in for unit tests of the protocol around the backend.
+    #[cfg(test)]
+    Fake(std::sync::Arc<dyn fake::Fake>),
+}
+
+/// Calls `$call` on whichever deployment `$b` is.
+macro_rules! each {
+    ($b:expr, $x:ident => $call:expr, fake $f:ident => $fake:expr) => {
+        match $b {
+            Backend::Memory($x) => $call,
+            Backend::Redis($x) => $call,
+            Backend::Cluster($x) => $call,
+            Backend::Sentinel($x) => $call,
+            Backend::Redlock($x) => $call,
+            #[cfg(test)]
+            Backend::Fake($f) => $fake,
+        }
+    };
+}
+
+impl Backend {
+    /// One acquire attempt (see [`Acquired`]).
+    pub(crate) async fn acquire(
         &self,
         name: &LockName,
         owner: &Arc<str>,
         lease: Duration,
         queue: Queue,
-    ) -> BoxFuture<Result<Acquired, LockError>>;
+    ) -> Result<Acquired, LockError> {
+        each!(self, b => b.acquire(name, owner, lease, queue).await,
+            fake _f => Err(LockError::other("not used")))
+    }
 
-    fn release(&self, name: &LockName, owner: &Arc<str>) -> BoxFuture<Result<Released, LockError>>;
+    /// Release `owner`'s lock, or take it out of the lock's queue.
+    pub(crate) async fn release(
+        &self,
+        name: &LockName,
+        owner: &Arc<str>,
+    ) -> Result<Released, LockError> {
+        each!(self, b => b.release(name, owner).await,
+            fake _f => Err(LockError::other("not used")))
+    }
 
     /// Renew a batch in as few round trips as the backend allows; one
     /// outcome per item, in order.
-    fn renew(&self, batch: Vec<Renewal>) -> BoxFuture<Vec<Renewed>>;
+    pub(crate) async fn renew(&self, batch: Vec<Renewal>) -> Vec<Renewed> {
+        each!(self, b => b.renew(batch).await, fake f => f.renew(batch).await)
+    }
 
     /// Start listening for `owner`'s grant (or, where waiters do not
     /// queue, the lock's release). The returned waiter is subscribed before
     /// this resolves; the second value says whether this subscribed afresh
     /// (a grant sent before that went unheard, and its queue entry was
     /// skipped).
-    fn subscribe(
+    pub(crate) async fn subscribe(
         &self,
         name: &LockName,
         owner: &Arc<str>,
-    ) -> BoxFuture<Result<(Waiter, bool), LockError>>;
+    ) -> Result<(Waiter, bool), LockError> {
+        each!(self, b => b.subscribe(name, owner).await,
+            fake _f => Err(LockError::other("not used")))
+    }
 
-    /// Whether `owner` still waits in the lock's queue (after a fresh
-    /// subscription: if not, a release passed it over meanwhile).
-    fn still_queued(
+    /// Whether `owner` still waits in the lock's queue, or was handed the
+    /// lock (after a fresh subscription: if neither, a release passed it
+    /// over meanwhile). Redlock waiters do not queue: always true.
+    pub(crate) async fn still_queued(
         &self,
-        _name: &LockName,
-        _owner: &Arc<str>,
-    ) -> BoxFuture<Result<bool, LockError>> {
-        Box::pin(async { Ok(true) })
+        name: &LockName,
+        owner: &Arc<str>,
+    ) -> Result<bool, LockError> {
+        match self {
+            Backend::Memory(b) => b.still_queued(name, owner).await,
+            Backend::Redis(b) => b.still_queued(name, owner).await,
+            Backend::Cluster(b) => b.still_queued(name, owner).await,
+            Backend::Sentinel(b) => b.still_queued(name, owner).await,
+            Backend::Redlock(_) => Ok(true),
+            #[cfg(test)]
+            Backend::Fake(_) => Ok(true),
+        }
     }
 
     /// A grant handed over by a release must be confirmed by an attempt of
     /// the new owner (Sentinel with `replica_acks`: that attempt waits for
     /// the replicas, as a fresh grant does).
-    fn grants_need_confirming(&self) -> bool {
-        false
+    pub(crate) fn grants_need_confirming(&self) -> bool {
+        matches!(self, Backend::Sentinel(b) if b.grants_need_confirming())
     }
 
-    /// Tasks of this client waiting for the lock's release.
-    fn waiting(&self, name: &LockName) -> usize;
+    /// Tasks of this client waiting for the lock.
+    pub(crate) fn waiting(&self, name: &LockName) -> usize {
+        each!(self, b => b.waiting(name), fake _f => 0)
+    }
 
     /// How much of a lease the holder must not count on: clocks of several
     /// servers drift apart (Redlock). A lock is valid for `lease - drift`
     /// after its acquire or renewal was sent.
-    fn drift(&self, _lease: Duration) -> Duration {
-        Duration::ZERO
+    pub(crate) fn drift(&self, lease: Duration) -> Duration {
+        match self {
+            Backend::Redlock(_) => redlock::drift(lease),
+            _ => Duration::ZERO,
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod fake {
+    use super::{BoxFuture, Renewal, Renewed};
+
+    /// What a unit test's stand-in backend answers.
+    pub(crate) trait Fake: Send + Sync {
+        fn renew(&self, batch: Vec<Renewal>) -> BoxFuture<Vec<Renewed>>;
     }
 }

@@ -8,7 +8,7 @@ use tokio::runtime::Handle;
 
 use super::node::{NodeSettings, RedisNode, Wake};
 use super::pubsub::Subscriber;
-use super::{Acquired, Backend, BoxFuture, Queue, Released, Renewal, Renewed};
+use super::{Acquired, BoxFuture, Queue, Released, Renewal, Renewed};
 use crate::key::LockName;
 use crate::wakeups::Waiter;
 use crate::LockError;
@@ -56,8 +56,8 @@ impl RedisBackend {
     }
 }
 
-impl<S: Releases> Backend for RedisBackend<S> {
-    fn acquire(
+impl<S: Releases> RedisBackend<S> {
+    pub(crate) fn acquire(
         &self,
         name: &LockName,
         owner: &Arc<str>,
@@ -68,17 +68,21 @@ impl<S: Releases> Backend for RedisBackend<S> {
         Box::pin(async move { node.acquire(&name, &owner, lease, None, queue).await })
     }
 
-    fn release(&self, name: &LockName, owner: &Arc<str>) -> BoxFuture<Result<Released, LockError>> {
+    pub(crate) fn release(
+        &self,
+        name: &LockName,
+        owner: &Arc<str>,
+    ) -> BoxFuture<Result<Released, LockError>> {
         let (node, name, owner) = (self.node.clone(), name.clone(), owner.clone());
         Box::pin(async move { node.release(&name, &owner, Wake::IfReleased).await })
     }
 
-    fn renew(&self, batch: Vec<Renewal>) -> BoxFuture<Vec<Renewed>> {
+    pub(crate) fn renew(&self, batch: Vec<Renewal>) -> BoxFuture<Vec<Renewed>> {
         let node = self.node.clone();
         Box::pin(async move { node.renew(&batch).await })
     }
 
-    fn subscribe(
+    pub(crate) fn subscribe(
         &self,
         name: &LockName,
         owner: &Arc<str>,
@@ -86,7 +90,7 @@ impl<S: Releases> Backend for RedisBackend<S> {
         self.subscriber.subscribe(name, Some(owner))
     }
 
-    fn still_queued(
+    pub(crate) fn still_queued(
         &self,
         name: &LockName,
         owner: &Arc<str>,
@@ -95,7 +99,7 @@ impl<S: Releases> Backend for RedisBackend<S> {
         Box::pin(async move { node.still_queued(&name, &owner).await })
     }
 
-    fn waiting(&self, name: &LockName) -> usize {
+    pub(crate) fn waiting(&self, name: &LockName) -> usize {
         self.subscriber.waiting(name)
     }
 }

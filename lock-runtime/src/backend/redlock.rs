@@ -31,7 +31,7 @@ use tokio::time::Instant;
 
 use super::node::{NodeSettings, RedisNode, Wake};
 use super::subscribers::AnySubscriber;
-use super::{Acquired, Backend, BoxFuture, Queue, Released, Renewal, Renewed};
+use super::{Acquired, BoxFuture, Queue, Released, Renewal, Renewed};
 use crate::key::LockName;
 use crate::wakeups::Waiter;
 use crate::LockError;
@@ -100,7 +100,7 @@ fn clock_floor() -> u64 {
 }
 
 /// Clock drift allowed between the nodes: 1% of the lease plus 2 ms.
-fn drift(lease: Duration) -> Duration {
+pub(crate) fn drift(lease: Duration) -> Duration {
     lease / 100 + Duration::from_millis(2)
 }
 
@@ -382,8 +382,8 @@ impl Shared {
     }
 }
 
-impl Backend for RedlockBackend {
-    fn acquire(
+impl RedlockBackend {
+    pub(crate) fn acquire(
         &self,
         name: &LockName,
         owner: &Arc<str>,
@@ -394,17 +394,21 @@ impl Backend for RedlockBackend {
         Box::pin(async move { shared.acquire(&name, &owner, lease, queue).await })
     }
 
-    fn release(&self, name: &LockName, owner: &Arc<str>) -> BoxFuture<Result<Released, LockError>> {
+    pub(crate) fn release(
+        &self,
+        name: &LockName,
+        owner: &Arc<str>,
+    ) -> BoxFuture<Result<Released, LockError>> {
         let (shared, name, owner) = (self.shared.clone(), name.clone(), owner.clone());
         Box::pin(async move { shared.release(&name, &owner).await })
     }
 
-    fn renew(&self, batch: Vec<Renewal>) -> BoxFuture<Vec<Renewed>> {
+    pub(crate) fn renew(&self, batch: Vec<Renewal>) -> BoxFuture<Vec<Renewed>> {
         let shared = self.shared.clone();
         Box::pin(async move { shared.renew(batch).await })
     }
 
-    fn subscribe(
+    pub(crate) fn subscribe(
         &self,
         name: &LockName,
         _owner: &Arc<str>,
@@ -412,12 +416,8 @@ impl Backend for RedlockBackend {
         self.subscriber.subscribe(name)
     }
 
-    fn waiting(&self, name: &LockName) -> usize {
+    pub(crate) fn waiting(&self, name: &LockName) -> usize {
         self.subscriber.waiting(name)
-    }
-
-    fn drift(&self, lease: Duration) -> Duration {
-        drift(lease)
     }
 }
 

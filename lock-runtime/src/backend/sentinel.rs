@@ -19,7 +19,7 @@ use tokio::time::Instant;
 
 use super::node::{NodeSettings, RedisNode, Wake};
 use super::pubsub::Subscriber;
-use super::{Acquired, Backend, BoxFuture, Queue, Released, Renewal, Renewed};
+use super::{Acquired, BoxFuture, Queue, Released, Renewal, Renewed};
 use crate::error::BackendError;
 use crate::key::LockName;
 use crate::wakeups::Waiter;
@@ -301,8 +301,8 @@ impl Shared {
     }
 }
 
-impl Backend for SentinelBackend {
-    fn acquire(
+impl SentinelBackend {
+    pub(crate) fn acquire(
         &self,
         name: &LockName,
         owner: &Arc<str>,
@@ -313,7 +313,11 @@ impl Backend for SentinelBackend {
         Box::pin(async move { shared.acquire(&name, &owner, lease, queue).await })
     }
 
-    fn release(&self, name: &LockName, owner: &Arc<str>) -> BoxFuture<Result<Released, LockError>> {
+    pub(crate) fn release(
+        &self,
+        name: &LockName,
+        owner: &Arc<str>,
+    ) -> BoxFuture<Result<Released, LockError>> {
         let (shared, name, owner) = (self.shared.clone(), name.clone(), owner.clone());
         Box::pin(async move {
             let (first, started) = (shared.current(), Instant::now());
@@ -334,7 +338,7 @@ impl Backend for SentinelBackend {
         })
     }
 
-    fn renew(&self, batch: Vec<Renewal>) -> BoxFuture<Vec<Renewed>> {
+    pub(crate) fn renew(&self, batch: Vec<Renewal>) -> BoxFuture<Vec<Renewed>> {
         let shared = self.shared.clone();
         Box::pin(async move {
             let (first, started) = (shared.current(), Instant::now());
@@ -356,7 +360,7 @@ impl Backend for SentinelBackend {
         })
     }
 
-    fn subscribe(
+    pub(crate) fn subscribe(
         &self,
         name: &LockName,
         owner: &Arc<str>,
@@ -370,7 +374,7 @@ impl Backend for SentinelBackend {
         })
     }
 
-    fn still_queued(
+    pub(crate) fn still_queued(
         &self,
         name: &LockName,
         owner: &Arc<str>,
@@ -384,11 +388,11 @@ impl Backend for SentinelBackend {
         })
     }
 
-    fn waiting(&self, name: &LockName) -> usize {
+    pub(crate) fn waiting(&self, name: &LockName) -> usize {
         self.shared.current().subscriber.waiting(name)
     }
 
-    fn grants_need_confirming(&self) -> bool {
+    pub(crate) fn grants_need_confirming(&self) -> bool {
         self.shared.acks.is_some()
     }
 }

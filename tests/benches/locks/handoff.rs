@@ -211,7 +211,7 @@ pub fn run(ctx: &Ctx, report: &mut Report) {
     drop(clients);
     rows.push(Row {
         name: "ours".into(),
-        wakeup: "pub/sub release message (fallback retry ≤ 1 s + 0–50 ms jitter)".into(),
+        wakeup: "queue in Redis; the release hands the lock over with one pub/sub message to the waiter's client (fallback retry ≤ 1 s + 0–50 ms jitter)".into(),
         run,
         stats: Some(stats),
     });
