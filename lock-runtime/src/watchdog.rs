@@ -34,6 +34,8 @@ struct Shared {
     scheduled: Mutex<Option<Instant>>,
     wake: Notify,
     next_id: AtomicU64,
+    /// Numbers ticks from 1 (0: an entry no tick has sent yet).
+    next_tick: AtomicU64,
     started: std::sync::Once,
     /// The client is gone: the task ends.
     closed: AtomicBool,
@@ -48,6 +50,9 @@ struct Entry {
     /// The lease runs out here unless a renewal succeeds.
     deadline: Instant,
     lost: Arc<LostSignal>,
+    /// (tick number, place in that tick's batch): matches the tick's
+    /// outcomes back without a lookup per lock.
+    slot: (u64, u32),
 }
 
 /// Set once, when the watchdog gives a lock up. A flag and a `Notify`
@@ -120,6 +125,7 @@ impl Watchdog {
                 scheduled: Mutex::new(None),
                 wake: Notify::new(),
                 next_id: AtomicU64::new(1),
+                next_tick: AtomicU64::new(1),
                 started: std::sync::Once::new(),
                 closed: AtomicBool::new(false),
             }),
@@ -149,6 +155,7 @@ impl Watchdog {
             deadline: granted_at + valid,
             lost: Arc::default(),
             renewal,
+            slot: (0, 0),
         };
         let held = Held {
             key: key.clone(),
@@ -243,24 +250,23 @@ async fn run(shared: Arc<Shared>, backend: Arc<Backend>) {
 
 async fn tick(shared: &Shared, backend: &Backend) {
     let now = Instant::now();
-    // Entry ids in batch order. Ids grow with each new entry, so the
-    // outcomes are matched back by binary search over the sorted ids rather
-    // than one hash lookup per lock: with 100k locks held that lookup was
-    // most of the watchdog's time.
-    let (ids, batch, earliest_deadline): (Vec<u64>, Vec<Renewal>, Option<Instant>) = {
-        let entries = shared.entries.lock().unwrap();
-        let mut ids = Vec::with_capacity(entries.len());
+    // Each entry sent remembers its place in this tick's batch, so the
+    // outcomes are matched back without a lookup per lock (with 100k locks
+    // held, lookups were most of the watchdog's time).
+    let tick_no = shared.next_tick.fetch_add(1, Ordering::Relaxed);
+    let (batch, earliest_deadline): (Vec<Renewal>, Option<Instant>) = {
+        let mut entries = shared.entries.lock().unwrap();
         let mut batch = Vec::with_capacity(entries.len());
         let mut earliest = None::<Instant>;
-        for e in entries.values() {
+        for e in entries.values_mut() {
             // Everything that would fall due before its next tick goes now.
             if e.next_due <= now + interval(e.renewal.lease) || e.deadline <= now {
-                ids.push(e.id);
+                e.slot = (tick_no, batch.len() as u32);
                 batch.push(e.renewal.clone());
                 earliest = Some(earliest.map_or(e.deadline, |d: Instant| d.min(e.deadline)));
             }
         }
-        (ids, batch, earliest)
+        (batch, earliest)
     };
     if batch.is_empty() {
         return;
@@ -278,17 +284,15 @@ async fn tick(shared: &Shared, backend: &Backend) {
     let mut outcomes: Vec<Renewed> = tokio::time::timeout(limit, backend.renew(batch))
         .await
         .unwrap_or_default();
-    let mut by_id: Vec<(u64, usize)> = ids.into_iter().enumerate().map(|(i, id)| (id, i)).collect();
-    by_id.sort_unstable();
     let now = Instant::now();
     let mut entries = shared.entries.lock().unwrap();
     let mut gone = Vec::new();
     for (key, entry) in entries.iter_mut() {
-        let Ok(at) = by_id.binary_search_by_key(&entry.id, |&(id, _)| id) else {
+        if entry.slot.0 != tick_no {
             // Not in this batch, or taken since the batch was built.
             continue;
-        };
-        let i = by_id[at].1;
+        }
+        let i = entry.slot.1 as usize;
         let iv = interval(entry.renewal.lease.min(leases[i]));
         let outcome = outcomes
             .get_mut(i)
