@@ -21,7 +21,7 @@ use redis::{ProtocolVersion, PushInfo, PushKind, Value};
 use tokio::runtime::Handle;
 
 use super::node::{open, NodeSettings, RedisNode};
-use super::pubsub::heard;
+use super::pubsub::{heard, subscribe_gated, unsubscribe_if_idle};
 use super::redis::{RedisBackend, Releases};
 use super::BoxFuture;
 use crate::key::{client_of, LockName};
@@ -171,31 +171,30 @@ impl Inner {
 
     async fn subscribe(&self, channel: &Arc<str>) -> Result<(), LockError> {
         let mut conn = self.conn().await?;
-        let _gate = self.gate.lock().await;
-        let pending = self.wakeups.subscribing(channel);
-        let fut = conn.ssubscribe(&**channel);
-        match tokio::time::timeout(self.settings.op_timeout, fut).await {
-            Ok(Ok(())) => {
-                pending.confirmed();
-                Ok(())
-            }
-            Ok(Err(e)) => Err(LockError::redis("subscribing to lock grants", e)),
-            Err(_) => Err(LockError::timed_out(
-                "subscribing to lock grants",
-                self.settings.op_timeout,
-            )),
-        }
+        let what = "subscribing to lock grants";
+        subscribe_gated(
+            &self.wakeups,
+            &self.gate,
+            channel,
+            self.settings.op_timeout,
+            what,
+            conn.ssubscribe(&**channel),
+        )
+        .await
     }
 
     async fn unsubscribe(&self, channel: Arc<str>) {
         let Ok(mut conn) = self.conn().await else {
             return;
         };
-        let _gate = self.gate.lock().await;
-        if self.wakeups.remove_if_idle(&channel) {
-            let _ =
-                tokio::time::timeout(self.settings.op_timeout, conn.sunsubscribe(&*channel)).await;
-        }
+        unsubscribe_if_idle(
+            &self.wakeups,
+            &self.gate,
+            &channel,
+            self.settings.op_timeout,
+            conn.sunsubscribe(&*channel),
+        )
+        .await;
     }
 }
 

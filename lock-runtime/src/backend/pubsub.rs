@@ -154,31 +154,69 @@ impl SubInner {
 
     async fn subscribe(&self, channel: &Arc<str>) -> Result<(), LockError> {
         let mut conn = self.conn().await?;
-        let _gate = self.gate.lock().await;
-        let pending = self.wakeups.subscribing(channel);
-        let fut = conn.subscribe(&**channel);
-        match tokio::time::timeout(self.settings.op_timeout, fut).await {
-            Ok(Ok(())) => {
-                pending.confirmed();
-                Ok(())
-            }
-            Ok(Err(e)) => Err(LockError::redis("subscribing to lock releases", e)),
-            Err(_) => Err(LockError::timed_out(
-                "subscribing to lock releases",
-                self.settings.op_timeout,
-            )),
-        }
+        let what = "subscribing to lock releases";
+        subscribe_gated(
+            &self.wakeups,
+            &self.gate,
+            channel,
+            self.settings.op_timeout,
+            what,
+            conn.subscribe(&**channel),
+        )
+        .await
     }
 
     async fn unsubscribe(&self, channel: Arc<str>) {
         let Ok(mut conn) = self.conn().await else {
             return;
         };
-        let _gate = self.gate.lock().await;
-        if self.wakeups.remove_if_idle(&channel) {
-            let _ =
-                tokio::time::timeout(self.settings.op_timeout, conn.unsubscribe(&*channel)).await;
+        unsubscribe_if_idle(
+            &self.wakeups,
+            &self.gate,
+            &channel,
+            self.settings.op_timeout,
+            conn.unsubscribe(&*channel),
+        )
+        .await;
+    }
+}
+
+/// Send a (S)SUBSCRIBE for `channel` under `gate`, which orders it after
+/// any UNSUBSCRIBE of the same channel, and mark the channel listened on
+/// once Redis confirms within `timeout`. `send` is not polled before the
+/// gate is taken.
+pub(crate) async fn subscribe_gated(
+    wakeups: &Wakeups,
+    gate: &tokio::sync::Mutex<()>,
+    channel: &str,
+    timeout: Duration,
+    what: &str,
+    send: impl std::future::Future<Output = redis::RedisResult<()>>,
+) -> Result<(), LockError> {
+    let _gate = gate.lock().await;
+    let pending = wakeups.subscribing(channel);
+    match tokio::time::timeout(timeout, send).await {
+        Ok(Ok(())) => {
+            pending.confirmed();
+            Ok(())
         }
+        Ok(Err(e)) => Err(LockError::redis(what, e)),
+        Err(_) => Err(LockError::timed_out(what, timeout)),
+    }
+}
+
+/// Send a (S)UNSUBSCRIBE for `channel` under `gate`, if nobody waits there
+/// any more (a waiter may have joined since the channel went idle).
+pub(crate) async fn unsubscribe_if_idle(
+    wakeups: &Wakeups,
+    gate: &tokio::sync::Mutex<()>,
+    channel: &str,
+    timeout: Duration,
+    send: impl std::future::Future<Output = redis::RedisResult<()>>,
+) {
+    let _gate = gate.lock().await;
+    if wakeups.remove_if_idle(channel) {
+        let _ = tokio::time::timeout(timeout, send).await;
     }
 }
 
