@@ -4,6 +4,7 @@ use std::time::Duration;
 use tokio::runtime::Handle;
 
 use crate::backend::cluster;
+use crate::backend::fault::Fault;
 use crate::backend::memory::MemoryBackend;
 use crate::backend::node::NodeSettings;
 use crate::backend::redis::RedisBackend;
@@ -209,15 +210,12 @@ async fn start<Fut>(
     connect: impl FnOnce(&Config, NodeSettings, Handle) -> Fut,
 ) -> Result<LockClient, LockError>
 where
-    Fut: Future<Output = Result<Backend, LockError>> + Send + 'static,
+    Fut: Future<Output = Result<Backend, Fault>> + Send + 'static,
 {
     let io = Io::start()?;
+    let connecting = connect(&config, config.node_settings(), io.handle().clone());
     let backend = io
-        .run(connect(
-            &config,
-            config.node_settings(),
-            io.handle().clone(),
-        ))
+        .run(async move { connecting.await.map_err(LockError::from) })
         .await?;
     Ok(LockClient::from_parts(config, backend, io))
 }

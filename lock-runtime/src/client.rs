@@ -278,7 +278,7 @@ impl LockClient {
         owner: &Arc<str>,
     ) -> Result<(Waiter, bool), LockError> {
         let fut = self.inner.backend.subscribe(name, owner);
-        self.inner.io.here(fut).await
+        Ok(self.inner.io.here(fut).await?)
     }
 
     /// After a fresh subscription: whether `owner` can now just wait. A

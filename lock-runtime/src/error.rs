@@ -80,20 +80,6 @@ pub enum BackendError {
 }
 
 impl LockError {
-    pub(crate) fn redis(context: impl Into<String>, source: redis::RedisError) -> Self {
-        LockError::Backend(BackendError::Redis {
-            context: context.into(),
-            source,
-        })
-    }
-
-    pub(crate) fn timed_out(context: impl Into<String>, after: Duration) -> Self {
-        LockError::Backend(BackendError::Timeout {
-            context: context.into(),
-            after,
-        })
-    }
-
     pub(crate) fn other(message: impl Into<String>) -> Self {
         LockError::Backend(BackendError::Other(message.into()))
     }
@@ -101,53 +87,4 @@ impl LockError {
     pub(crate) fn shutdown() -> Self {
         LockError::Backend(BackendError::Shutdown)
     }
-
-    /// Whether trying again may succeed: no answer, a broken connection, or
-    /// a failover or slot move in progress. A script error or a bad key is
-    /// the same on every try.
-    pub(crate) fn is_transient(&self) -> bool {
-        match self {
-            LockError::Backend(BackendError::Redis { source, .. }) => transient(source),
-            LockError::Backend(BackendError::Timeout { .. } | BackendError::Other(_)) => true,
-            _ => false,
-        }
-    }
-}
-
-/// The connection broke under the command (it may or may not have run),
-/// or the cluster client has none to the node right now.
-pub(crate) fn connection_broke(e: &redis::RedisError) -> bool {
-    e.is_io_error()
-        || e.is_connection_dropped()
-        || e.is_connection_refusal()
-        || e.kind() == redis::ErrorKind::ClusterConnectionNotFound
-}
-
-/// Whether the command behind `e` may have run on Redis: its connection
-/// broke after it was (maybe) sent, or no answer came in time. A refused
-/// connection or a cluster with no connection to the node never sent it.
-pub(crate) fn may_have_run(e: &LockError) -> bool {
-    match e {
-        LockError::Backend(BackendError::Redis { source, .. }) => {
-            (source.is_io_error() || source.is_connection_dropped() || source.is_timeout())
-                && !source.is_connection_refusal()
-        }
-        LockError::Backend(BackendError::Timeout { .. }) => true,
-        _ => false,
-    }
-}
-
-/// A Redis error that a later try may not see.
-pub(crate) fn transient(e: &redis::RedisError) -> bool {
-    use redis::{ErrorKind, ServerErrorKind};
-    connection_broke(e)
-        || e.is_timeout()
-        || matches!(
-            e.kind(),
-            ErrorKind::Server(ServerErrorKind::TryAgain | ServerErrorKind::ClusterDown)
-        )
-        || matches!(
-            e.code(),
-            Some("TRYAGAIN" | "CLUSTERDOWN" | "LOADING" | "MASTERDOWN" | "READONLY" | "BUSY")
-        )
 }

@@ -116,7 +116,7 @@ impl LockGuard {
                 tracing::debug!(key = %hold.name.key, "lock released");
                 Ok(())
             }
-            Err(e) => Err(e),
+            Err(e) => Err(e.into()),
         }
     }
 

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::backend::fault::Fault;
 use crate::backend::{Acquired, Queue, Queued, Renewal};
 use crate::guard::Hold;
 use crate::key::LockName;
@@ -166,7 +167,7 @@ impl LockRequest {
                 Err(e) => {
                     // A refusal (bad data, a script error): nothing taken.
                     unsure.pending = queued_once;
-                    return Err(e);
+                    return Err(e.into());
                 }
             };
             let now = Instant::now();
@@ -278,7 +279,7 @@ enum Attempt {
         queued: Option<Queued>,
     },
     /// Granted too late to use; being taken back.
-    Late(LockError),
+    Late(Fault),
 }
 
 /// One acquire attempt, sent from the caller's task. If the caller
@@ -293,7 +294,7 @@ async fn attempt(
     lease: Duration,
     queue: Queue,
     scope: Option<Arc<Scope>>,
-) -> Result<Attempt, LockError> {
+) -> Result<Attempt, Fault> {
     let inner = &client.inner;
     let sent_at = Instant::now();
     let fut = inner.backend.acquire(name, owner, lease, queue);
@@ -325,7 +326,7 @@ fn granted(
     // The lease counts from the send: a grant that comes back after it
     // ran out may already be someone else's lock.
     if granted_at.elapsed() + inner.backend.drift(lease) >= lease {
-        let err = LockError::timed_out(
+        let err = Fault::timed_out(
             format!(
                 "acquiring lock `{}`: the grant came back after its lease had run out",
                 name.key
@@ -432,7 +433,7 @@ async fn pause_or_give_up(
     client: &LockClient,
     failures: u32,
     deadline: Instant,
-    e: LockError,
+    e: Fault,
 ) -> Result<(), LockError> {
     let cap = client
         .inner
@@ -443,7 +444,7 @@ async fn pause_or_give_up(
     let base = base.min(cap);
     let pause = base + base.mul_f64(fastrand::f64() / 2.0);
     if Instant::now() + pause >= deadline {
-        return Err(e);
+        return Err(e.into());
     }
     client.sleep(pause).await;
     Ok(())

@@ -333,7 +333,7 @@ async fn tick(shared: &Shared, backend: &Backend) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::BoxFuture;
+    use crate::backend::fake::BoxFuture;
     use crate::key::LockName;
 
     /// Answers a renewal only when told to.

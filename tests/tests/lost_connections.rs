@@ -23,11 +23,17 @@ async fn used_client(server: &RedisServer) -> LockClient {
 }
 
 /// A client idle while its connection was cut must not fail its next call.
+///
+/// Many rounds: now and then the send right after the cut is taken by the
+/// dead connection and never answered (the Redis client has not yet seen
+/// the close); it must be sent again on the new connection within the
+/// operation timeout, not reported as a timeout. About one round in 30
+/// hits that.
 #[tokio::test]
 async fn the_first_call_after_an_idle_connection_was_cut_succeeds() {
     let server = RedisServer::start();
     let client = used_client(&server).await;
-    for round in 0..5 {
+    for round in 0..80 {
         assert!(
             kill(&server, "normal") >= 1,
             "round {round}: nothing killed"

@@ -20,13 +20,12 @@ use redis::cluster_async::ClusterConnection;
 use redis::{ProtocolVersion, PushInfo, PushKind, Value};
 use tokio::runtime::Handle;
 
+use super::fault::Fault;
 use super::node::{open, NodeSettings, RedisNode};
 use super::pubsub::{heard, subscribe_gated, unsubscribe_if_idle};
 use super::redis::{RedisBackend, Releases};
-use super::BoxFuture;
 use crate::key::{client_of, LockName};
 use crate::wakeups::{Waiter, Wakeups};
-use crate::LockError;
 
 /// A cluster is driven like one server: the cluster connection routes each
 /// script by its key.
@@ -36,7 +35,7 @@ pub(crate) async fn connect(
     urls: Vec<String>,
     settings: NodeSettings,
     io: Handle,
-) -> Result<ClusterBackend, LockError> {
+) -> Result<ClusterBackend, Fault> {
     let subscriber = ShardSubscriber::new(&urls, settings.clone(), io)?;
     let node = connect_node(&urls, settings).await?;
     Ok(RedisBackend { node, subscriber })
@@ -45,7 +44,7 @@ pub(crate) async fn connect(
 /// Connect to a Redis Cluster through any of its nodes, for the lock
 /// scripts. Scripts are not preloaded: a node that lacks one gets it by EVAL
 /// on first use.
-async fn connect_node(urls: &[String], settings: NodeSettings) -> Result<RedisNode, LockError> {
+async fn connect_node(urls: &[String], settings: NodeSettings) -> Result<RedisNode, Fault> {
     let seeds = urls.join(", ");
     for url in urls {
         open(url)?;
@@ -57,7 +56,7 @@ async fn connect_node(urls: &[String], settings: NodeSettings) -> Result<RedisNo
         .min_retry_wait(50)
         .max_retry_wait(500)
         .build()
-        .map_err(|e| LockError::Config(format!("bad Redis Cluster nodes `{seeds}`: {e}")))?;
+        .map_err(|e| Fault::Config(format!("bad Redis Cluster nodes `{seeds}`: {e}")))?;
     // Connecting (slot map included) and a first PING share one budget.
     let budget = settings.connect_timeout + settings.op_timeout;
     let what = format!("connecting to Redis Cluster via {seeds}");
@@ -65,16 +64,16 @@ async fn connect_node(urls: &[String], settings: NodeSettings) -> Result<RedisNo
         let mut conn = client
             .get_async_connection()
             .await
-            .map_err(|e| LockError::redis(what.clone(), e))?;
+            .map_err(|e| Fault::redis(what.clone(), e))?;
         redis::cmd("PING")
             .query_async::<String>(&mut conn)
             .await
-            .map_err(|e| LockError::redis(what.clone(), e))?;
-        Ok::<_, LockError>(conn)
+            .map_err(|e| Fault::redis(what.clone(), e))?;
+        Ok::<_, Fault>(conn)
     };
     let conn = tokio::time::timeout(budget, connect)
         .await
-        .map_err(|_| LockError::timed_out(what.clone(), budget))??;
+        .map_err(|_| Fault::timed_out(what.clone(), budget))??;
     Ok(RedisNode::on_cluster(
         conn,
         format!("cluster({seeds})").into(),
@@ -98,7 +97,7 @@ struct Inner {
 }
 
 impl ShardSubscriber {
-    fn new(urls: &[String], settings: NodeSettings, io: Handle) -> Result<Self, LockError> {
+    fn new(urls: &[String], settings: NodeSettings, io: Handle) -> Result<Self, Fault> {
         let me: Arc<OnceLock<Weak<Inner>>> = Arc::default();
         let found = me.clone();
         let on_idle: crate::wakeups::OnIdle = Arc::new(move |channel: Arc<str>| {
@@ -141,7 +140,7 @@ impl ShardSubscriber {
             .use_protocol(ProtocolVersion::RESP3)
             .push_sender(push)
             .build()
-            .map_err(|e| LockError::Config(format!("bad Redis Cluster nodes `{seeds}`: {e}")))?;
+            .map_err(|e| Fault::Config(format!("bad Redis Cluster nodes `{seeds}`: {e}")))?;
         let inner = Arc::new(Inner {
             client,
             settings,
@@ -156,20 +155,20 @@ impl ShardSubscriber {
 }
 
 impl Inner {
-    async fn conn(&self) -> Result<ClusterConnection, LockError> {
+    async fn conn(&self) -> Result<ClusterConnection, Fault> {
         self.conn
             .get_or_try_init(|| async {
                 let budget = self.settings.connect_timeout + self.settings.op_timeout;
                 tokio::time::timeout(budget, self.client.get_async_connection())
                     .await
-                    .map_err(|_| LockError::timed_out("subscribing on Redis Cluster", budget))?
-                    .map_err(|e| LockError::redis("subscribing on Redis Cluster", e))
+                    .map_err(|_| Fault::timed_out("subscribing on Redis Cluster", budget))?
+                    .map_err(|e| Fault::redis("subscribing on Redis Cluster", e))
             })
             .await
             .cloned()
     }
 
-    async fn subscribe(&self, channel: &Arc<str>) -> Result<(), LockError> {
+    async fn subscribe(&self, channel: &Arc<str>) -> Result<(), Fault> {
         let mut conn = self.conn().await?;
         let what = "subscribing to lock grants";
         subscribe_gated(
@@ -199,23 +198,20 @@ impl Inner {
 }
 
 impl Releases for ShardSubscriber {
-    fn subscribe(
+    async fn subscribe(
         &self,
         name: &LockName,
         owner: Option<&Arc<str>>,
-    ) -> BoxFuture<Result<(Waiter, bool), LockError>> {
-        let inner = self.inner.clone();
+    ) -> Result<(Waiter, bool), Fault> {
         let channel = match owner {
             Some(o) => name.grant_channel(client_of(o)),
             None => name.channel(),
         };
-        let (waiter, needs) = inner.wakeups.join(&channel, owner);
-        Box::pin(async move {
-            if needs {
-                inner.subscribe(&channel).await?;
-            }
-            Ok((waiter, needs))
-        })
+        let (waiter, needs) = self.inner.wakeups.join(&channel, owner);
+        if needs {
+            self.inner.subscribe(&channel).await?;
+        }
+        Ok((waiter, needs))
     }
 
     fn waiting(&self, name: &LockName) -> usize {

@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Acquired, BoxFuture, Queue, Released, Renewal, Renewed};
+use super::fault::Fault;
+use super::{Acquired, Queue, Released, Renewal, Renewed};
 use crate::key::client_of;
 use crate::key::LockName;
 use crate::wakeups::{Grant, Stamp, Waiter, Wakeups};
-use crate::LockError;
 
 #[derive(Default)]
 pub(crate) struct MemoryBackend {
@@ -171,50 +171,50 @@ impl MemoryBackend {
 }
 
 impl MemoryBackend {
-    pub(crate) fn acquire(
+    pub(crate) async fn acquire(
         &self,
         name: &LockName,
         owner: &Arc<str>,
         lease: Duration,
         queue: Queue,
-    ) -> BoxFuture<Result<Acquired, LockError>> {
+    ) -> Result<Acquired, Fault> {
         let out = self.acquire_now(name, owner, lease, queue);
-        Box::pin(async move { Ok(out) })
+        Ok(out)
     }
 
-    pub(crate) fn release(
+    pub(crate) async fn release(
         &self,
         name: &LockName,
         owner: &Arc<str>,
-    ) -> BoxFuture<Result<Released, LockError>> {
+    ) -> Result<Released, Fault> {
         let out = self.release_now(name, owner);
-        Box::pin(async move { Ok(out) })
+        Ok(out)
     }
 
-    pub(crate) fn renew(&self, batch: Vec<Renewal>) -> BoxFuture<Vec<Renewed>> {
+    pub(crate) async fn renew(&self, batch: Vec<Renewal>) -> Vec<Renewed> {
         let out = batch.iter().map(|r| self.renew_now(r)).collect();
-        Box::pin(async move { out })
+        out
     }
 
-    pub(crate) fn subscribe(
+    pub(crate) async fn subscribe(
         &self,
         name: &LockName,
         owner: &Arc<str>,
-    ) -> BoxFuture<Result<(Waiter, bool), LockError>> {
+    ) -> Result<(Waiter, bool), Fault> {
         let channel = name.grant_channel(client_of(owner));
         let (waiter, _) = self.wakeups.join(&channel, Some(owner));
         self.wakeups.mark_ready(&channel);
         // Always "fresh": a release on another thread may have passed this
         // owner over between its attempt and this registration, and
         // checking the queue here costs nothing.
-        Box::pin(async move { Ok((waiter, true)) })
+        Ok((waiter, true))
     }
 
-    pub(crate) fn still_queued(
+    pub(crate) async fn still_queued(
         &self,
         name: &LockName,
         owner: &Arc<str>,
-    ) -> BoxFuture<Result<bool, LockError>> {
+    ) -> Result<bool, Fault> {
         let mut state = self.state.lock().unwrap();
         let holds = state
             .live(&name.hash, Instant::now())
@@ -224,7 +224,7 @@ impl MemoryBackend {
                 .queues
                 .get(&name.hash)
                 .is_some_and(|q| q.iter().any(|w| w.owner == *owner));
-        Box::pin(async move { Ok(queued) })
+        Ok(queued)
     }
 
     pub(crate) fn waiting(&self, name: &LockName) -> usize {

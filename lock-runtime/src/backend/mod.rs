@@ -1,16 +1,15 @@
 //! The seam between the lock protocol (client, watchdog, guards) and where
 //! locks live. Each backend speaks the same four verbs.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::key::LockName;
 use crate::wakeups::Waiter;
-use crate::LockError;
+use fault::Fault;
 
 pub(crate) mod cluster;
+pub(crate) mod fault;
 pub(crate) mod memory;
 pub(crate) mod node;
 pub(crate) mod pubsub;
@@ -22,8 +21,6 @@ pub(crate) mod subscribers;
 /// How long a client stays subscribed to a lock's channel after its last
 /// waiter there left.
 pub(crate) const LINGER: Duration = Duration::from_secs(2);
-
-pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
 /// Outcome of one acquire attempt. Owner ids are unique per acquisition
 /// (reentry never reaches the backend), so an attempt sent twice is
@@ -90,7 +87,7 @@ pub(crate) enum Renewed {
     /// Redis says the lock is no longer ours: lost now.
     NotOwner,
     /// No verdict (network, timeout): lost only once the lease runs out.
-    Failed(LockError),
+    Failed(Fault),
 }
 
 /// Where locks live: one variant per deployment, each with the same verbs.
@@ -130,9 +127,9 @@ impl Backend {
         owner: &Arc<str>,
         lease: Duration,
         queue: Queue,
-    ) -> Result<Acquired, LockError> {
+    ) -> Result<Acquired, Fault> {
         each!(self, b => b.acquire(name, owner, lease, queue).await,
-            fake _f => Err(LockError::other("not used")))
+            fake _f => Err(Fault::other("not used")))
     }
 
     /// Release `owner`'s lock, or take it out of the lock's queue.
@@ -140,9 +137,9 @@ impl Backend {
         &self,
         name: &LockName,
         owner: &Arc<str>,
-    ) -> Result<Released, LockError> {
+    ) -> Result<Released, Fault> {
         each!(self, b => b.release(name, owner).await,
-            fake _f => Err(LockError::other("not used")))
+            fake _f => Err(Fault::other("not used")))
     }
 
     /// Renew a batch in as few round trips as the backend allows; one
@@ -160,9 +157,9 @@ impl Backend {
         &self,
         name: &LockName,
         owner: &Arc<str>,
-    ) -> Result<(Waiter, bool), LockError> {
+    ) -> Result<(Waiter, bool), Fault> {
         each!(self, b => b.subscribe(name, owner).await,
-            fake _f => Err(LockError::other("not used")))
+            fake _f => Err(Fault::other("not used")))
     }
 
     /// Whether `owner` still waits in the lock's queue, or was handed the
@@ -172,7 +169,7 @@ impl Backend {
         &self,
         name: &LockName,
         owner: &Arc<str>,
-    ) -> Result<bool, LockError> {
+    ) -> Result<bool, Fault> {
         match self {
             Backend::Memory(b) => b.still_queued(name, owner).await,
             Backend::Redis(b) => b.still_queued(name, owner).await,
@@ -209,7 +206,12 @@ impl Backend {
 
 #[cfg(test)]
 pub(crate) mod fake {
-    use super::{BoxFuture, Renewal, Renewed};
+    use std::future::Future;
+    use std::pin::Pin;
+
+    use super::{Renewal, Renewed};
+
+    pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
     /// What a unit test's stand-in backend answers.
     pub(crate) trait Fake: Send + Sync {

@@ -4,17 +4,16 @@
 //! idempotent). Every Redis-speaking backend runs its locks through this.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, FromRedisValue, Pipeline};
 
+use super::fault::Fault;
 use super::{Acquired, Queue, Queued, Released, Renewal, Renewed};
-use crate::error::BackendError;
 use crate::key::LockName;
 use crate::scripts::{self, Script};
-use crate::LockError;
 
 /// Renewals per EVALSHA: keeps one script call short enough not to stall
 /// Redis while still sending a whole tick in one pipelined round trip.
@@ -26,17 +25,28 @@ const RENEW_CHUNK: usize = 500;
 const RETRY_PAUSE: Duration = Duration::from_millis(10);
 const MAX_RETRY_PAUSE: Duration = Duration::from_millis(200);
 
-/// Errors after which the same command is sent again at once: the
-/// connection broke (it is being re-established), or the cluster is moving
-/// a slot or failing over. Timeouts are not: they used the time up.
-fn retry_at_once(e: &redis::RedisError) -> bool {
+/// The least time worth giving a send.
+const MIN_SEND: Duration = Duration::from_millis(20);
+
+/// Faults after which the same command is sent again, while the operation
+/// timeout lasts: the connection broke (it is being re-established), the
+/// cluster is moving a slot or failing over, or a send went unanswered
+/// (every lock script is idempotent, so a second send is safe).
+fn resend(e: &Fault) -> bool {
     use redis::{ErrorKind, ServerErrorKind};
-    crate::error::connection_broke(e)
-        || matches!(
-            e.kind(),
-            ErrorKind::Server(ServerErrorKind::TryAgain | ServerErrorKind::ClusterDown)
-        )
-        || matches!(e.code(), Some("TRYAGAIN" | "CLUSTERDOWN" | "LOADING"))
+    match e {
+        Fault::Redis { source: e, .. } => {
+            super::fault::connection_broke(e)
+                || e.is_timeout()
+                || matches!(
+                    e.kind(),
+                    ErrorKind::Server(ServerErrorKind::TryAgain | ServerErrorKind::ClusterDown)
+                )
+                || matches!(e.code(), Some("TRYAGAIN" | "CLUSTERDOWN" | "LOADING"))
+        }
+        Fault::Timeout { .. } => true,
+        Fault::Other(_) | Fault::Config(_) => false,
+    }
 }
 
 /// How a client talks to each Redis server.
@@ -61,8 +71,8 @@ enum Conn {
     Cluster(ClusterConnection),
 }
 
-pub(crate) fn open(url: &str) -> Result<redis::Client, LockError> {
-    redis::Client::open(url).map_err(|e| LockError::Config(format!("bad Redis URL `{url}`: {e}")))
+pub(crate) fn open(url: &str) -> Result<redis::Client, Fault> {
+    redis::Client::open(url).map_err(|e| Fault::Config(format!("bad Redis URL `{url}`: {e}")))
 }
 
 async fn send<T: FromRedisValue>(
@@ -78,7 +88,7 @@ async fn send<T: FromRedisValue>(
 impl RedisNode {
     /// Connect, check the server answers, and load the scripts. Must run on
     /// the client's I/O runtime: reconnects are spawned where it was made.
-    pub(crate) async fn connect(url: &str, settings: NodeSettings) -> Result<Self, LockError> {
+    pub(crate) async fn connect(url: &str, settings: NodeSettings) -> Result<Self, Fault> {
         let client = open(url)?;
         let addr: Arc<str> = client.get_connection_info().addr().to_string().into();
         let config = ConnectionManagerConfig::new()
@@ -93,8 +103,8 @@ impl RedisNode {
             ConnectionManager::new_with_config(client.clone(), config),
         )
         .await
-        .map_err(|_| LockError::timed_out(format!("connecting to Redis at {addr}"), budget))?
-        .map_err(|e| LockError::redis(format!("connecting to Redis at {addr}"), e))?;
+        .map_err(|_| Fault::timed_out(format!("connecting to Redis at {addr}"), budget))?
+        .map_err(|e| Fault::redis(format!("connecting to Redis at {addr}"), e))?;
         let node = RedisNode {
             conn: Conn::Single(conn),
             addr,
@@ -155,21 +165,32 @@ impl RedisNode {
         &self,
         cmd: Cmd,
         what: &str,
-    ) -> Result<T, LockError> {
-        self.query(Query::Cmd(cmd), what).await
+    ) -> Result<T, Fault> {
+        self.query(Query::Cmd(cmd), what, self.settings.op_timeout)
+            .await
     }
 
-    async fn load_scripts(&self) -> Result<(), LockError> {
+    async fn load_scripts(&self) -> Result<(), Fault> {
         let mut pipe = Pipeline::new();
         for s in scripts::ALL {
             pipe.add_command(s.load());
         }
-        self.query::<Vec<String>>(pipe_cmd(pipe), "loading lock scripts")
-            .await?;
+        self.query::<Vec<String>>(
+            pipe_cmd(pipe),
+            "loading lock scripts",
+            self.settings.op_timeout,
+        )
+        .await?;
         Ok(())
     }
 
-    async fn query<T: FromRedisValue>(&self, q: Query, what: &str) -> Result<T, LockError> {
+    /// One send, answered within `limit`.
+    async fn query<T: FromRedisValue>(
+        &self,
+        q: Query,
+        what: &str,
+        limit: Duration,
+    ) -> Result<T, Fault> {
         let mut conn = self.conn.clone();
         let fut = async {
             match &mut conn {
@@ -177,15 +198,12 @@ impl RedisNode {
                 Conn::Cluster(c) => send(&q, c).await,
             }
         };
-        match tokio::time::timeout(self.settings.op_timeout, fut).await {
+        match tokio::time::timeout(limit, fut).await {
             Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(LockError::redis(
+            Ok(Err(e)) => Err(Fault::redis(format!("{what} on Redis at {}", self.addr), e)),
+            Err(_) => Err(Fault::timed_out(
                 format!("{what} on Redis at {}", self.addr),
-                e,
-            )),
-            Err(_) => Err(LockError::timed_out(
-                format!("{what} on Redis at {}", self.addr),
-                self.settings.op_timeout,
+                limit,
             )),
         }
     }
@@ -203,7 +221,7 @@ impl RedisNode {
         script: &Script,
         keys: &[&str],
         args: &[&str],
-    ) -> Result<T, LockError> {
+    ) -> Result<T, Fault> {
         Ok(self.eval_noting_repeats(script, keys, args).await?.0)
     }
 
@@ -214,12 +232,13 @@ impl RedisNode {
         script: &Script,
         keys: &[&str],
         args: &[&str],
-    ) -> Result<(T, bool), LockError> {
+    ) -> Result<(T, bool), Fault> {
         let ran_before = std::sync::atomic::AtomicBool::new(false);
-        self.retrying(|| async {
-            let out = self.eval_once(script, keys, args).await;
+        let ran_before = &ran_before;
+        self.retrying(|limit| async move {
+            let out = self.eval_once(script, keys, args, limit).await;
             if let Err(e) = &out {
-                if crate::error::may_have_run(e) {
+                if e.may_have_run() {
                     ran_before.store(true, std::sync::atomic::Ordering::Relaxed);
                 }
             }
@@ -229,22 +248,31 @@ impl RedisNode {
     }
 
     /// Run `op` until it succeeds, fails for good, or the operation
-    /// timeout has no room for another try.
-    async fn retrying<T, F, Fut>(&self, mut op: F) -> Result<T, LockError>
+    /// timeout has no room for another try. `op` gets how long its send may
+    /// wait for an answer.
+    ///
+    /// The first send gets half the operation timeout: a send can go
+    /// unanswered on a connection that died under it (cut while idle, the
+    /// close not yet seen), and the other half is left for a send on the
+    /// connection that replaces it.
+    async fn retrying<T, F, Fut>(&self, mut op: F) -> Result<T, Fault>
     where
-        F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = Result<T, LockError>>,
+        F: FnMut(Duration) -> Fut,
+        Fut: std::future::Future<Output = Result<T, Fault>>,
     {
-        let deadline = tokio::time::Instant::now() + self.settings.op_timeout;
+        let budget = self.settings.op_timeout;
+        let deadline = tokio::time::Instant::now() + budget;
+        let mut limit = budget / 2;
         let mut pause = RETRY_PAUSE;
         loop {
-            match op().await {
-                Err(LockError::Backend(BackendError::Redis { source, .. }))
-                    if retry_at_once(&source) && tokio::time::Instant::now() + pause < deadline =>
-                {
-                    tracing::debug!(error = %source, "Redis command failed; sending it again");
+            let out = op(limit).await;
+            let now = tokio::time::Instant::now();
+            match out {
+                Err(e) if resend(&e) && now + pause + MIN_SEND < deadline => {
+                    tracing::debug!(error = %e, "Redis command failed; sending it again");
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(MAX_RETRY_PAUSE);
+                    limit = deadline.saturating_duration_since(tokio::time::Instant::now());
                 }
                 other => return other,
             }
@@ -256,16 +284,18 @@ impl RedisNode {
         script: &Script,
         keys: &[&str],
         args: &[&str],
-    ) -> Result<T, LockError> {
+        limit: Duration,
+    ) -> Result<T, Fault> {
         let what = script.name;
+        let sent = Instant::now();
         match self
-            .query(Query::Cmd(script.evalsha(keys, args)), what)
+            .query(Query::Cmd(script.evalsha(keys, args)), what, limit)
             .await
         {
-            Err(LockError::Backend(BackendError::Redis { source, .. }))
-                if scripts::is_noscript(&source) =>
-            {
-                self.query(Query::Cmd(script.eval(keys, args)), what).await
+            Err(Fault::Redis { source, .. }) if scripts::is_noscript(&source) => {
+                let left = limit.saturating_sub(sent.elapsed());
+                self.query(Query::Cmd(script.eval(keys, args)), what, left)
+                    .await
             }
             other => other,
         }
@@ -282,7 +312,7 @@ impl RedisNode {
         lease: Duration,
         floor: Option<u64>,
         queue: Queue,
-    ) -> Result<Acquired, LockError> {
+    ) -> Result<Acquired, Fault> {
         let lease_ms = millis(lease).to_string();
         let floor = floor.map(|f| f.to_string()).unwrap_or_default();
         let stay = match (queue.stay, floor.is_empty()) {
@@ -293,7 +323,7 @@ impl RedisNode {
         let keys = [&*name.hash, &name.fence(), &name.queue(), &name.waiters()];
         let sent = std::sync::atomic::AtomicBool::new(false);
         let reply: Vec<i64> = self
-            .retrying(|| {
+            .retrying(|limit| {
                 // Sent again after a send that may have run and queued this
                 // owner: if this one takes the lock, it leaves the queue.
                 let again = sent.swap(true, std::sync::atomic::Ordering::Relaxed);
@@ -304,14 +334,14 @@ impl RedisNode {
                 };
                 let args = [owner, &lease_ms, &floor, &stay, rejoin];
                 let keys = &keys;
-                async move { self.eval_once(&scripts::ACQUIRE, keys, &args).await }
+                async move { self.eval_once(&scripts::ACQUIRE, keys, &args, limit).await }
             })
             .await?;
         let (flag, n, at) = match reply[..] {
             [flag, n] => (flag, n, 0),
             [flag, n, at] => (flag, n, at),
             _ => {
-                return Err(LockError::other(format!(
+                return Err(Fault::other(format!(
                     "acquire.lua on Redis at {}: unexpected reply {reply:?}",
                     self.addr
                 )))
@@ -335,7 +365,7 @@ impl RedisNode {
         name: &LockName,
         owner: &str,
         wake: Wake,
-    ) -> Result<Released, LockError> {
+    ) -> Result<Released, Fault> {
         let flag = match wake {
             Wake::IfReleased => "r",
             Wake::Always => "a",
@@ -367,25 +397,23 @@ impl RedisNode {
 
     /// Whether `owner` still waits in the lock's queue, or was handed the
     /// lock already.
-    pub(crate) async fn still_queued(
-        &self,
-        name: &LockName,
-        owner: &str,
-    ) -> Result<bool, LockError> {
+    pub(crate) async fn still_queued(&self, name: &LockName, owner: &str) -> Result<bool, Fault> {
         // Queued, or already handed the lock (its grant message is on the
         // way: this client listened when it was published).
         let mut pipe = Pipeline::new();
         pipe.cmd("HEXISTS").arg(name.waiters()).arg(owner);
         pipe.cmd("GET").arg(&*name.hash);
         let (queued, value): (bool, Option<String>) = self
-            .retrying(|| self.query(Query::Pipe(pipe.clone()), "checking the lock queue"))
+            .retrying(|limit| {
+                self.query(Query::Pipe(pipe.clone()), "checking the lock queue", limit)
+            })
             .await?;
         let holder = value.as_deref().and_then(|v| v.split(' ').next());
         Ok(queued || holder == Some(owner))
     }
 
     /// Raise the fence counter to at least `fence` (Redlock).
-    pub(crate) async fn raise_fence(&self, name: &LockName, fence: u64) -> Result<(), LockError> {
+    pub(crate) async fn raise_fence(&self, name: &LockName, fence: u64) -> Result<(), Fault> {
         let fence = fence.to_string();
         let _: i64 = self
             .eval(&scripts::RAISE_FENCE, &[&name.fence()], &[&fence])
@@ -399,15 +427,14 @@ impl RedisNode {
         if let Conn::Cluster(_) = self.conn {
             return futures_util::future::join_all(batch.iter().map(|r| self.renew_one(r))).await;
         }
-        match self.retrying(|| self.renew_once(batch)).await {
-            Err(LockError::Backend(BackendError::Redis { source, .. }))
-                if scripts::is_noscript(&source) =>
-            {
+        let op = self.settings.op_timeout;
+        match self.retrying(|limit| self.renew_once(batch, limit)).await {
+            Err(Fault::Redis { source, .. }) if scripts::is_noscript(&source) => {
                 match self
-                    .query::<String>(Query::Cmd(scripts::RENEW.load()), "loading lock script")
+                    .query::<String>(Query::Cmd(scripts::RENEW.load()), "loading lock script", op)
                     .await
                 {
-                    Ok(_) => self.renew_once(batch).await,
+                    Ok(_) => self.renew_once(batch, op).await,
                     Err(e) => Err(e),
                 }
             }
@@ -417,7 +444,7 @@ impl RedisNode {
             let msg = e.to_string();
             batch
                 .iter()
-                .map(|_| Renewed::Failed(LockError::other(msg.clone())))
+                .map(|_| Renewed::Failed(Fault::other(msg.clone())))
                 .collect()
         })
     }
@@ -437,7 +464,7 @@ impl RedisNode {
         }
     }
 
-    async fn renew_once(&self, batch: &[Renewal]) -> Result<Vec<Renewed>, LockError> {
+    async fn renew_once(&self, batch: &[Renewal], limit: Duration) -> Result<Vec<Renewed>, Fault> {
         // One EVALSHA per lease and chunk: a client's locks mostly share a
         // lease, and all share the front of their owner ids, which then
         // travel once per call instead of once per lock. Each owner id is
@@ -472,9 +499,9 @@ impl RedisNode {
                 calls += 1;
             }
         }
-        let flags: Vec<Vec<u8>> = self.query(pipe_cmd(pipe), "renewing locks").await?;
+        let flags: Vec<Vec<u8>> = self.query(pipe_cmd(pipe), "renewing locks", limit).await?;
         if flags.len() != calls {
-            return Err(LockError::other(format!(
+            return Err(Fault::other(format!(
                 "renewing locks: {} replies to {calls} calls",
                 flags.len()
             )));
@@ -489,7 +516,7 @@ impl RedisNode {
             seen += 1;
         }
         if seen != batch.len() {
-            return Err(LockError::other(format!(
+            return Err(Fault::other(format!(
                 "renewing locks: {seen} verdicts for {} locks",
                 batch.len()
             )));

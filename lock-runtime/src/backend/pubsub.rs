@@ -9,11 +9,10 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ProtocolVersion, PushInfo, PushKind, Value};
 use tokio::runtime::Handle;
 
+use super::fault::Fault;
 use super::node::{open, NodeSettings};
-use super::BoxFuture;
 use crate::key::{client_of, LockName};
 use crate::wakeups::{Grant, Stamp, Waiter, Wakeups};
-use crate::LockError;
 
 /// Release wake-ups from one Redis server, one subscription per waited-on
 /// lock, shared by all waiters of the client.
@@ -33,7 +32,7 @@ struct SubInner {
 }
 
 impl Subscriber {
-    pub(crate) fn new(url: &str, settings: NodeSettings, io: Handle) -> Result<Self, LockError> {
+    pub(crate) fn new(url: &str, settings: NodeSettings, io: Handle) -> Result<Self, Fault> {
         let client = open(url)?;
         let info = client.get_connection_info().clone();
         let resp3 = info
@@ -41,7 +40,7 @@ impl Subscriber {
             .clone()
             .set_protocol(ProtocolVersion::RESP3);
         let client = redis::Client::open(info.set_redis_settings(resp3))
-            .map_err(|e| LockError::Config(format!("bad Redis URL `{url}`: {e}")))?;
+            .map_err(|e| Fault::Config(format!("bad Redis URL `{url}`: {e}")))?;
         let inner = Arc::new_cyclic(|weak: &Weak<SubInner>| {
             let weak = weak.clone();
             let on_idle: crate::wakeups::OnIdle = Arc::new(move |channel: Arc<str>| {
@@ -84,28 +83,25 @@ impl Subscriber {
     /// with whether this subscribed afresh. With `owner`, the waiter hears
     /// that owner's grant on its client's grant channel; without, the
     /// lock's releases.
-    pub(crate) fn subscribe(
+    pub(crate) async fn subscribe(
         &self,
         name: &LockName,
         owner: Option<&Arc<str>>,
-    ) -> BoxFuture<Result<(Waiter, bool), LockError>> {
-        let inner = self.inner.clone();
+    ) -> Result<(Waiter, bool), Fault> {
         let channel = match owner {
             Some(o) => name.grant_channel(client_of(o)),
             None => name.channel(),
         };
-        let (waiter, needs) = inner.wakeups.join(&channel, owner);
-        Box::pin(async move {
-            if needs {
-                inner.subscribe(&channel).await?;
-            }
-            Ok((waiter, needs))
-        })
+        let (waiter, needs) = self.inner.wakeups.join(&channel, owner);
+        if needs {
+            self.inner.subscribe(&channel).await?;
+        }
+        Ok((waiter, needs))
     }
 }
 
 impl SubInner {
-    async fn conn(&self) -> Result<ConnectionManager, LockError> {
+    async fn conn(&self) -> Result<ConnectionManager, Fault> {
         let wakeups = self.wakeups.clone();
         self.conn
             .get_or_try_init(|| async {
@@ -143,16 +139,14 @@ impl SubInner {
                     ConnectionManager::new_with_config(self.client.clone(), config),
                 )
                 .await
-                .map_err(|_| {
-                    LockError::timed_out(format!("subscribing on Redis at {addr}"), budget)
-                })?
-                .map_err(|e| LockError::redis(format!("subscribing on Redis at {addr}"), e))
+                .map_err(|_| Fault::timed_out(format!("subscribing on Redis at {addr}"), budget))?
+                .map_err(|e| Fault::redis(format!("subscribing on Redis at {addr}"), e))
             })
             .await
             .cloned()
     }
 
-    async fn subscribe(&self, channel: &Arc<str>) -> Result<(), LockError> {
+    async fn subscribe(&self, channel: &Arc<str>) -> Result<(), Fault> {
         let mut conn = self.conn().await?;
         let what = "subscribing to lock releases";
         subscribe_gated(
@@ -192,7 +186,7 @@ pub(crate) async fn subscribe_gated(
     timeout: Duration,
     what: &str,
     send: impl std::future::Future<Output = redis::RedisResult<()>>,
-) -> Result<(), LockError> {
+) -> Result<(), Fault> {
     let _gate = gate.lock().await;
     let pending = wakeups.subscribing(channel);
     match tokio::time::timeout(timeout, send).await {
@@ -200,8 +194,8 @@ pub(crate) async fn subscribe_gated(
             pending.confirmed();
             Ok(())
         }
-        Ok(Err(e)) => Err(LockError::redis(what, e)),
-        Err(_) => Err(LockError::timed_out(what, timeout)),
+        Ok(Err(e)) => Err(Fault::redis(what, e)),
+        Err(_) => Err(Fault::timed_out(what, timeout)),
     }
 }
 

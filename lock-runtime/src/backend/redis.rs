@@ -1,17 +1,18 @@
 //! One Redis server: the lock protocol over one connection, and grants and
 //! wake-ups over one subscription connection.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::runtime::Handle;
 
+use super::fault::Fault;
 use super::node::{NodeSettings, RedisNode, Wake};
 use super::pubsub::Subscriber;
-use super::{Acquired, BoxFuture, Queue, Released, Renewal, Renewed};
+use super::{Acquired, Queue, Released, Renewal, Renewed};
 use crate::key::LockName;
 use crate::wakeups::Waiter;
-use crate::LockError;
 
 /// A single Redis server.
 pub(crate) struct RedisBackend<S = Subscriber> {
@@ -26,17 +27,17 @@ pub(crate) trait Releases: Send + Sync + 'static {
         &self,
         name: &LockName,
         owner: Option<&Arc<str>>,
-    ) -> BoxFuture<Result<(Waiter, bool), LockError>>;
+    ) -> impl Future<Output = Result<(Waiter, bool), Fault>> + Send;
     fn waiting(&self, name: &LockName) -> usize;
 }
 
 impl Releases for Subscriber {
-    fn subscribe(
+    async fn subscribe(
         &self,
         name: &LockName,
         owner: Option<&Arc<str>>,
-    ) -> BoxFuture<Result<(Waiter, bool), LockError>> {
-        Subscriber::subscribe(self, name, owner)
+    ) -> Result<(Waiter, bool), Fault> {
+        Subscriber::subscribe(self, name, owner).await
     }
 
     fn waiting(&self, name: &LockName) -> usize {
@@ -49,7 +50,7 @@ impl RedisBackend {
         url: &str,
         settings: NodeSettings,
         io: Handle,
-    ) -> Result<Self, LockError> {
+    ) -> Result<Self, Fault> {
         let subscriber = Subscriber::new(url, settings.clone(), io)?;
         let node = RedisNode::connect(url, settings).await?;
         Ok(RedisBackend { node, subscriber })
@@ -57,46 +58,42 @@ impl RedisBackend {
 }
 
 impl<S: Releases> RedisBackend<S> {
-    pub(crate) fn acquire(
+    pub(crate) async fn acquire(
         &self,
         name: &LockName,
         owner: &Arc<str>,
         lease: Duration,
         queue: Queue,
-    ) -> BoxFuture<Result<Acquired, LockError>> {
-        let (node, name, owner) = (self.node.clone(), name.clone(), owner.clone());
-        Box::pin(async move { node.acquire(&name, &owner, lease, None, queue).await })
+    ) -> Result<Acquired, Fault> {
+        self.node.acquire(name, owner, lease, None, queue).await
     }
 
-    pub(crate) fn release(
+    pub(crate) async fn release(
         &self,
         name: &LockName,
         owner: &Arc<str>,
-    ) -> BoxFuture<Result<Released, LockError>> {
-        let (node, name, owner) = (self.node.clone(), name.clone(), owner.clone());
-        Box::pin(async move { node.release(&name, &owner, Wake::IfReleased).await })
+    ) -> Result<Released, Fault> {
+        self.node.release(name, owner, Wake::IfReleased).await
     }
 
-    pub(crate) fn renew(&self, batch: Vec<Renewal>) -> BoxFuture<Vec<Renewed>> {
-        let node = self.node.clone();
-        Box::pin(async move { node.renew(&batch).await })
+    pub(crate) async fn renew(&self, batch: Vec<Renewal>) -> Vec<Renewed> {
+        self.node.renew(&batch).await
     }
 
-    pub(crate) fn subscribe(
+    pub(crate) async fn subscribe(
         &self,
         name: &LockName,
         owner: &Arc<str>,
-    ) -> BoxFuture<Result<(Waiter, bool), LockError>> {
-        self.subscriber.subscribe(name, Some(owner))
+    ) -> Result<(Waiter, bool), Fault> {
+        self.subscriber.subscribe(name, Some(owner)).await
     }
 
-    pub(crate) fn still_queued(
+    pub(crate) async fn still_queued(
         &self,
         name: &LockName,
         owner: &Arc<str>,
-    ) -> BoxFuture<Result<bool, LockError>> {
-        let (node, name, owner) = (self.node.clone(), name.clone(), owner.clone());
-        Box::pin(async move { node.still_queued(&name, &owner).await })
+    ) -> Result<bool, Fault> {
+        self.node.still_queued(name, owner).await
     }
 
     pub(crate) fn waiting(&self, name: &LockName) -> usize {

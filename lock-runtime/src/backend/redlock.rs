@@ -29,12 +29,12 @@ use tokio::runtime::Handle;
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
+use super::fault::Fault;
 use super::node::{NodeSettings, RedisNode, Wake};
 use super::subscribers::AnySubscriber;
-use super::{Acquired, BoxFuture, Queue, Released, Renewal, Renewed};
+use super::{Acquired, Queue, Released, Renewal, Renewed};
 use crate::key::LockName;
 use crate::wakeups::Waiter;
-use crate::LockError;
 
 /// One of the N servers. Connected lazily if it was down at start-up, so a
 /// node that comes back later rejoins the vote.
@@ -45,7 +45,7 @@ struct Slot {
 }
 
 impl Slot {
-    async fn node(&self) -> Result<RedisNode, LockError> {
+    async fn node(&self) -> Result<RedisNode, Fault> {
         self.node
             .get_or_try_init(|| RedisNode::connect(&self.url, self.settings.clone()))
             .await
@@ -112,9 +112,9 @@ impl RedlockBackend {
         settings: NodeSettings,
         io: Handle,
         jitter: Duration,
-    ) -> Result<Self, LockError> {
+    ) -> Result<Self, Fault> {
         if urls.is_empty() {
-            return Err(LockError::Config(
+            return Err(Fault::Config(
                 "Redlock needs at least one Redis URL (three or five independent servers)".into(),
             ));
         }
@@ -138,7 +138,7 @@ impl RedlockBackend {
             .await;
         let up = answers.iter().filter(|a| a.is_ok()).count();
         if up < shared.quorum {
-            return Err(LockError::other(format!(
+            return Err(Fault::other(format!(
                 "Redlock: only {up} of {} nodes reachable, {} needed: {}",
                 shared.slots.len(),
                 shared.quorum,
@@ -164,7 +164,7 @@ impl Shared {
     async fn all<'a, T, F, Fut>(&'a self, limit: Duration, f: F) -> Vec<Answer<T>>
     where
         F: Fn(&'a Slot) -> Fut,
-        Fut: std::future::Future<Output = Result<T, LockError>> + 'a,
+        Fut: std::future::Future<Output = Result<T, Fault>> + 'a,
     {
         join_all(self.slots.iter().map(|slot| {
             let fut = f(slot);
@@ -216,7 +216,7 @@ impl Shared {
         owner: &str,
         lease: Duration,
         queue: Queue,
-    ) -> Result<Acquired, LockError> {
+    ) -> Result<Acquired, Fault> {
         let started = Instant::now();
         let n = self.slots.len();
         // One floor for every node (this client's clock), so that nodes whose
@@ -254,7 +254,7 @@ impl Shared {
             self.undo(name, owner, Wake::Never).await;
             let failed = n - fresh.len() - busy;
             if failed > n - self.quorum {
-                return Err(LockError::other(format!(
+                return Err(Fault::other(format!(
                     "Redlock: acquiring lock `{key}`: granted by {} and refused by {busy} of {n} nodes, {} grants needed; the others failed: {}",
                     fresh.len(),
                     self.quorum,
@@ -300,7 +300,7 @@ impl Shared {
         if carried < self.quorum {
             self.undo(name, owner, Wake::IfReleased).await;
             let why: Vec<String> = raised.into_iter().filter_map(Result::err).collect();
-            return Err(LockError::other(format!(
+            return Err(Fault::other(format!(
                 "Redlock: acquiring lock `{key}`: could not raise the fence token {fence} on a majority: {}",
                 why.join("; ")
             )));
@@ -308,7 +308,7 @@ impl Shared {
         let elapsed = started.elapsed();
         if elapsed + drift(lease) >= lease {
             self.undo(name, owner, Wake::IfReleased).await;
-            return Err(LockError::other(format!(
+            return Err(Fault::other(format!(
                 "Redlock: acquiring lock `{key}` took {elapsed:?}, leaving nothing of its {lease:?} lease (minus {:?} clock drift); use a longer lease or faster nodes",
                 drift(lease)
             )));
@@ -318,7 +318,7 @@ impl Shared {
 
     /// Release on every node. Each node also publishes where the lock is
     /// absent: waiters listen on one node, which may never have had it.
-    async fn release(&self, name: &LockName, owner: &str) -> Result<Released, LockError> {
+    async fn release(&self, name: &LockName, owner: &str) -> Result<Released, Fault> {
         let answers = self
             .all(self.op_timeout, |s| async move {
                 s.node().await?.release(name, owner, Wake::Always).await
@@ -338,7 +338,7 @@ impl Shared {
             Verdict::Impossible => return Ok(Released::NotOwner),
             Verdict::Unknown => {}
         }
-        Err(LockError::other(format!(
+        Err(Fault::other(format!(
             "Redlock: releasing lock `{}`: confirmed by {freed} of {n} nodes, {} needed: {}",
             name.key,
             self.quorum,
@@ -370,7 +370,7 @@ impl Shared {
                 match verdict(n, self.quorum, yes, not_owner) {
                     Verdict::Majority => Renewed::Yes,
                     Verdict::Impossible => Renewed::NotOwner,
-                    Verdict::Unknown => Renewed::Failed(LockError::other(format!(
+                    Verdict::Unknown => Renewed::Failed(Fault::other(format!(
                         "Redlock: renewing lock `{}`: renewed on {yes} of {n} nodes, {} needed: {}",
                         batch[i].name.key,
                         self.quorum,
@@ -383,37 +383,34 @@ impl Shared {
 }
 
 impl RedlockBackend {
-    pub(crate) fn acquire(
+    pub(crate) async fn acquire(
         &self,
         name: &LockName,
         owner: &Arc<str>,
         lease: Duration,
         queue: Queue,
-    ) -> BoxFuture<Result<Acquired, LockError>> {
-        let (shared, name, owner) = (self.shared.clone(), name.clone(), owner.clone());
-        Box::pin(async move { shared.acquire(&name, &owner, lease, queue).await })
+    ) -> Result<Acquired, Fault> {
+        self.shared.acquire(name, owner, lease, queue).await
     }
 
-    pub(crate) fn release(
+    pub(crate) async fn release(
         &self,
         name: &LockName,
         owner: &Arc<str>,
-    ) -> BoxFuture<Result<Released, LockError>> {
-        let (shared, name, owner) = (self.shared.clone(), name.clone(), owner.clone());
-        Box::pin(async move { shared.release(&name, &owner).await })
+    ) -> Result<Released, Fault> {
+        self.shared.release(name, owner).await
     }
 
-    pub(crate) fn renew(&self, batch: Vec<Renewal>) -> BoxFuture<Vec<Renewed>> {
-        let shared = self.shared.clone();
-        Box::pin(async move { shared.renew(batch).await })
+    pub(crate) async fn renew(&self, batch: Vec<Renewal>) -> Vec<Renewed> {
+        self.shared.renew(batch).await
     }
 
-    pub(crate) fn subscribe(
+    pub(crate) async fn subscribe(
         &self,
         name: &LockName,
         _owner: &Arc<str>,
-    ) -> BoxFuture<Result<(Waiter, bool), LockError>> {
-        self.subscriber.subscribe(name)
+    ) -> Result<(Waiter, bool), Fault> {
+        self.subscriber.subscribe(name).await
     }
 
     pub(crate) fn waiting(&self, name: &LockName) -> usize {

@@ -17,13 +17,12 @@ use std::time::Duration;
 use tokio::runtime::Handle;
 use tokio::time::Instant;
 
+use super::fault::Fault;
 use super::node::{NodeSettings, RedisNode, Wake};
 use super::pubsub::Subscriber;
-use super::{Acquired, BoxFuture, Queue, Released, Renewal, Renewed};
-use crate::error::BackendError;
+use super::{Acquired, Queue, Released, Renewal, Renewed};
 use crate::key::LockName;
 use crate::wakeups::Waiter;
-use crate::LockError;
 
 /// How often the sentinels are asked whether the primary moved, even when
 /// nothing failed: a restarted old primary may answer before it is demoted.
@@ -61,10 +60,10 @@ impl SentinelBackend {
         settings: NodeSettings,
         acks: Option<(usize, Duration)>,
         io: Handle,
-    ) -> Result<Self, LockError> {
+    ) -> Result<Self, Fault> {
         for url in &sentinels {
             redis::Client::open(url.as_str())
-                .map_err(|e| LockError::Config(format!("bad Sentinel URL `{url}`: {e}")))?;
+                .map_err(|e| Fault::Config(format!("bad Sentinel URL `{url}`: {e}")))?;
         }
         // Asking and connecting share one budget: an unreachable deployment
         // is an error within seconds, never a hang.
@@ -75,7 +74,7 @@ impl SentinelBackend {
         })
         .await
         .map_err(|_| {
-            LockError::timed_out(
+            Fault::timed_out(
                 format!("finding master `{master}` through Sentinel"),
                 budget,
             )
@@ -111,7 +110,7 @@ async fn ask_sentinels(
     sentinels: &[String],
     master: &str,
     settings: &NodeSettings,
-) -> Result<String, LockError> {
+) -> Result<String, Fault> {
     let limit = settings.connect_timeout + settings.op_timeout;
     let answers = futures_util::future::join_all(sentinels.iter().map(|url| async move {
         let ask = async {
@@ -138,7 +137,7 @@ async fn ask_sentinels(
             Err(e) => why.push(e),
         }
     }
-    Err(LockError::other(format!(
+    Err(Fault::other(format!(
         "no sentinel gave the address of master `{master}`: {}",
         why.join("; ")
     )))
@@ -149,7 +148,7 @@ async fn open_primary(
     settings: &NodeSettings,
     acks: Option<(usize, Duration)>,
     io: &Handle,
-) -> Result<Primary, LockError> {
+) -> Result<Primary, Fault> {
     let url = format!("redis://{addr}");
     let node = RedisNode::connect(&url, settings.clone()).await?;
     // Sentinel may still name a primary that has just been demoted.
@@ -158,7 +157,7 @@ async fn open_primary(
         .await?;
     let is_master = matches!(role.first(), Some(redis::Value::BulkString(r)) if r == b"master");
     if !is_master {
-        return Err(LockError::other(format!(
+        return Err(Fault::other(format!(
             "Sentinel names {addr} as primary but it is a replica (failover in progress?)"
         )));
     }
@@ -181,17 +180,17 @@ async fn open_primary(
 }
 
 /// Whether an error may mean the primary moved.
-fn may_have_moved(e: &LockError) -> bool {
+fn may_have_moved(e: &Fault) -> bool {
     match e {
-        LockError::Backend(BackendError::Redis { source, .. }) => {
+        Fault::Redis { source, .. } => {
             source.is_io_error()
                 || source.is_connection_dropped()
                 || source.is_connection_refusal()
                 || source.is_timeout()
                 || matches!(source.code(), Some("READONLY" | "MASTERDOWN" | "LOADING"))
         }
-        LockError::Backend(_) => true,
-        _ => false,
+        Fault::Timeout { .. } | Fault::Other(_) => true,
+        Fault::Config(_) => false,
     }
 }
 
@@ -207,7 +206,7 @@ impl Shared {
     async fn rediscover(
         &self,
         failed: Option<(&Arc<Primary>, Instant)>,
-    ) -> Result<Arc<Primary>, LockError> {
+    ) -> Result<Arc<Primary>, Fault> {
         let mut last = self.discovery.lock().await;
         let now = self.current();
         if let Some((seen, started)) = failed {
@@ -245,10 +244,10 @@ impl Shared {
 
     /// Run `op` on the primary; if it failed in a way that may mean the
     /// primary moved and it did, run it once more on the new one.
-    async fn on_primary<T, F, Fut>(&self, op: F) -> Result<T, LockError>
+    async fn on_primary<T, F, Fut>(&self, op: F) -> Result<T, Fault>
     where
         F: Fn(Arc<Primary>) -> Fut,
-        Fut: std::future::Future<Output = Result<T, LockError>>,
+        Fut: std::future::Future<Output = Result<T, Fault>>,
     {
         let (first, started) = (self.current(), Instant::now());
         match op(first.clone()).await {
@@ -266,7 +265,7 @@ impl Shared {
         owner: &str,
         lease: Duration,
         queue: Queue,
-    ) -> Result<Acquired, LockError> {
+    ) -> Result<Acquired, Fault> {
         self.on_primary(|p| async move {
             let Some((replicas, wait)) = self.acks else {
                 return p.node.acquire(name, owner, lease, None, queue).await;
@@ -290,7 +289,7 @@ impl Shared {
                         Ok(n) => format!("only {n} confirmed within {wait:?}"),
                         Err(e) => format!("WAIT failed: {e}"),
                     };
-                    Err(LockError::other(format!(
+                    Err(Fault::other(format!(
                         "lock `{}` was taken on primary {} but {got} of the {replicas} replicas required; it was released (replicas lagging or down?)",
                         name.key, p.addr
                     )))
@@ -302,90 +301,75 @@ impl Shared {
 }
 
 impl SentinelBackend {
-    pub(crate) fn acquire(
+    pub(crate) async fn acquire(
         &self,
         name: &LockName,
         owner: &Arc<str>,
         lease: Duration,
         queue: Queue,
-    ) -> BoxFuture<Result<Acquired, LockError>> {
-        let (shared, name, owner) = (self.shared.clone(), name.clone(), owner.clone());
-        Box::pin(async move { shared.acquire(&name, &owner, lease, queue).await })
+    ) -> Result<Acquired, Fault> {
+        self.shared.acquire(name, owner, lease, queue).await
     }
 
-    pub(crate) fn release(
+    pub(crate) async fn release(
         &self,
         name: &LockName,
         owner: &Arc<str>,
-    ) -> BoxFuture<Result<Released, LockError>> {
-        let (shared, name, owner) = (self.shared.clone(), name.clone(), owner.clone());
-        Box::pin(async move {
-            let (first, started) = (shared.current(), Instant::now());
-            match first.node.release(&name, &owner, Wake::IfReleased).await {
-                Err(e) if may_have_moved(&e) => match shared.after_failure(&first, started).await {
-                    Some(next) => match next.node.release(&name, &owner, Wake::IfReleased).await {
-                        // The first send may have released it (and the new
-                        // primary has that, or never had the lock).
-                        Ok(Released::NotOwner) if crate::error::may_have_run(&e) => {
-                            Ok(Released::Freed)
-                        }
-                        other => other,
-                    },
-                    None => Err(e),
+    ) -> Result<Released, Fault> {
+        let shared = &self.shared;
+        let (first, started) = (shared.current(), Instant::now());
+        match first.node.release(name, owner, Wake::IfReleased).await {
+            Err(e) if may_have_moved(&e) => match shared.after_failure(&first, started).await {
+                Some(next) => match next.node.release(name, owner, Wake::IfReleased).await {
+                    // The first send may have released it (and the new
+                    // primary has that, or never had the lock).
+                    Ok(Released::NotOwner) if e.may_have_run() => Ok(Released::Freed),
+                    other => other,
                 },
-                other => other,
-            }
-        })
+                None => Err(e),
+            },
+            other => other,
+        }
     }
 
-    pub(crate) fn renew(&self, batch: Vec<Renewal>) -> BoxFuture<Vec<Renewed>> {
-        let shared = self.shared.clone();
-        Box::pin(async move {
-            let (first, started) = (shared.current(), Instant::now());
-            let out = first.node.renew(&batch).await;
-            let failed = out
-                .iter()
-                .find_map(|r| match r {
-                    Renewed::Failed(e) => Some(may_have_moved(e)),
-                    _ => None,
-                })
-                .unwrap_or(false);
-            if !failed {
-                return out;
-            }
-            match shared.after_failure(&first, started).await {
-                Some(next) => next.node.renew(&batch).await,
-                None => out,
-            }
-        })
+    pub(crate) async fn renew(&self, batch: Vec<Renewal>) -> Vec<Renewed> {
+        let shared = &self.shared;
+        let (first, started) = (shared.current(), Instant::now());
+        let out = first.node.renew(&batch).await;
+        let failed = out
+            .iter()
+            .find_map(|r| match r {
+                Renewed::Failed(e) => Some(may_have_moved(e)),
+                _ => None,
+            })
+            .unwrap_or(false);
+        if !failed {
+            return out;
+        }
+        match shared.after_failure(&first, started).await {
+            Some(next) => next.node.renew(&batch).await,
+            None => out,
+        }
     }
 
-    pub(crate) fn subscribe(
+    pub(crate) async fn subscribe(
         &self,
         name: &LockName,
         owner: &Arc<str>,
-    ) -> BoxFuture<Result<(Waiter, bool), LockError>> {
-        let (shared, name, owner) = (self.shared.clone(), name.clone(), owner.clone());
-        Box::pin(async move {
-            let (name, owner) = (&name, &owner);
-            shared
-                .on_primary(|p| async move { p.subscriber.subscribe(name, Some(owner)).await })
-                .await
-        })
+    ) -> Result<(Waiter, bool), Fault> {
+        self.shared
+            .on_primary(|p| async move { p.subscriber.subscribe(name, Some(owner)).await })
+            .await
     }
 
-    pub(crate) fn still_queued(
+    pub(crate) async fn still_queued(
         &self,
         name: &LockName,
         owner: &Arc<str>,
-    ) -> BoxFuture<Result<bool, LockError>> {
-        let (shared, name, owner) = (self.shared.clone(), name.clone(), owner.clone());
-        Box::pin(async move {
-            let (name, owner) = (&name, &owner);
-            shared
-                .on_primary(|p| async move { p.node.still_queued(name, owner).await })
-                .await
-        })
+    ) -> Result<bool, Fault> {
+        self.shared
+            .on_primary(|p| async move { p.node.still_queued(name, owner).await })
+            .await
     }
 
     pub(crate) fn waiting(&self, name: &LockName) -> usize {

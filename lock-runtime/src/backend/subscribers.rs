@@ -8,22 +8,20 @@
 //! retry covers any message lost on the way.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::runtime::Handle;
 
+use super::fault::Fault;
 use super::node::NodeSettings;
 use super::pubsub::Subscriber;
-use super::BoxFuture;
 use crate::key::LockName;
 use crate::wakeups::Waiter;
-use crate::LockError;
 
 pub(crate) struct AnySubscriber {
-    subs: Arc<[(String, Subscriber)]>,
+    subs: Vec<(String, Subscriber)>,
     /// Where the last subscription succeeded: tried first next time.
-    preferred: Arc<AtomicUsize>,
+    preferred: AtomicUsize,
     /// Longest one node may take to confirm a subscription.
     timeout: Duration,
 }
@@ -34,14 +32,14 @@ impl AnySubscriber {
         settings: NodeSettings,
         io: Handle,
         timeout: Duration,
-    ) -> Result<Self, LockError> {
+    ) -> Result<Self, Fault> {
         let subs = urls
             .iter()
             .map(|u| Ok((u.clone(), Subscriber::new(u, settings.clone(), io.clone())?)))
-            .collect::<Result<Vec<_>, LockError>>()?;
+            .collect::<Result<Vec<_>, Fault>>()?;
         Ok(AnySubscriber {
-            subs: subs.into(),
-            preferred: Arc::new(AtomicUsize::new(0)),
+            subs,
+            preferred: AtomicUsize::new(0),
             timeout,
         })
     }
@@ -52,30 +50,24 @@ impl AnySubscriber {
 
     /// Subscribe on the first node that confirms, starting with the one
     /// that worked last time.
-    pub(crate) fn subscribe(
-        &self,
-        name: &LockName,
-    ) -> BoxFuture<Result<(Waiter, bool), LockError>> {
-        let (subs, preferred, timeout) = (self.subs.clone(), self.preferred.clone(), self.timeout);
-        let name = name.clone();
-        Box::pin(async move {
-            let start = preferred.load(Ordering::Relaxed);
-            let mut failures = Vec::new();
-            for i in (0..subs.len()).map(|k| (start + k) % subs.len()) {
-                let (url, sub) = &subs[i];
-                match tokio::time::timeout(timeout, sub.subscribe(&name, None)).await {
-                    Ok(Ok(waiter)) => {
-                        preferred.store(i, Ordering::Relaxed);
-                        return Ok(waiter);
-                    }
-                    Ok(Err(e)) => failures.push(format!("{url}: {e}")),
-                    Err(_) => failures.push(format!("{url}: no answer within {timeout:?}")),
+    pub(crate) async fn subscribe(&self, name: &LockName) -> Result<(Waiter, bool), Fault> {
+        let (subs, timeout) = (&self.subs, self.timeout);
+        let start = self.preferred.load(Ordering::Relaxed);
+        let mut failures = Vec::new();
+        for i in (0..subs.len()).map(|k| (start + k) % subs.len()) {
+            let (url, sub) = &subs[i];
+            match tokio::time::timeout(timeout, sub.subscribe(name, None)).await {
+                Ok(Ok(waiter)) => {
+                    self.preferred.store(i, Ordering::Relaxed);
+                    return Ok(waiter);
                 }
+                Ok(Err(e)) => failures.push(format!("{url}: {e}")),
+                Err(_) => failures.push(format!("{url}: no answer within {timeout:?}")),
             }
-            Err(LockError::other(format!(
-                "subscribing to lock releases failed on every node: {}",
-                failures.join("; ")
-            )))
-        })
+        }
+        Err(Fault::other(format!(
+            "subscribing to lock releases failed on every node: {}",
+            failures.join("; ")
+        )))
     }
 }

@@ -1,0 +1,128 @@
+//! What goes wrong below the backend seam.
+//!
+//! Backends say more than the public error does: whether a command may have
+//! run (so a retry must reuse its owner id) and whether trying again can
+//! help. The acquire loop and the release paths decide with that, and turn
+//! a fault into [`LockError`] once, where the answer leaves for the caller.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::error::BackendError;
+use crate::LockError;
+
+#[derive(Debug)]
+pub(crate) enum Fault {
+    /// The Redis client reported an error.
+    Redis {
+        context: String,
+        source: redis::RedisError,
+    },
+    /// No answer within the operation timeout: the command may have run.
+    Timeout { context: String, after: Duration },
+    /// Anything else, described: an unexpected reply, no quorum.
+    Other(String),
+    /// Settings the backend cannot use (a bad URL, too few nodes).
+    Config(String),
+}
+
+impl Fault {
+    pub(crate) fn redis(context: impl Into<String>, source: redis::RedisError) -> Self {
+        Fault::Redis {
+            context: context.into(),
+            source,
+        }
+    }
+
+    pub(crate) fn timed_out(context: impl Into<String>, after: Duration) -> Self {
+        Fault::Timeout {
+            context: context.into(),
+            after,
+        }
+    }
+
+    pub(crate) fn other(message: impl Into<String>) -> Self {
+        Fault::Other(message.into())
+    }
+
+    /// Whether trying again may succeed: no answer, a broken connection, or
+    /// a failover or slot move in progress. A script error or a bad setting
+    /// is the same on every try.
+    pub(crate) fn is_transient(&self) -> bool {
+        match self {
+            Fault::Redis { source, .. } => transient(source),
+            Fault::Timeout { .. } | Fault::Other(_) => true,
+            Fault::Config(_) => false,
+        }
+    }
+
+    /// Whether the command behind this fault may have run on Redis: its
+    /// connection broke after it was (maybe) sent, or no answer came in
+    /// time. A refused connection or a cluster with no connection to the
+    /// node never sent it.
+    pub(crate) fn may_have_run(&self) -> bool {
+        match self {
+            Fault::Redis { source, .. } => {
+                (source.is_io_error() || source.is_connection_dropped() || source.is_timeout())
+                    && !source.is_connection_refusal()
+            }
+            Fault::Timeout { .. } => true,
+            Fault::Other(_) | Fault::Config(_) => false,
+        }
+    }
+}
+
+impl fmt::Display for Fault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Fault::Redis { context, source } => write!(f, "{context}: {source}"),
+            Fault::Timeout { context, after } => {
+                write!(
+                    f,
+                    "{context}: no answer within {after:?} (is Redis reachable?)"
+                )
+            }
+            Fault::Other(m) => f.write_str(m),
+            Fault::Config(m) => write!(f, "invalid lock client configuration: {m}"),
+        }
+    }
+}
+
+impl From<Fault> for LockError {
+    fn from(fault: Fault) -> Self {
+        match fault {
+            Fault::Redis { context, source } => {
+                LockError::Backend(BackendError::Redis { context, source })
+            }
+            Fault::Timeout { context, after } => {
+                LockError::Backend(BackendError::Timeout { context, after })
+            }
+            Fault::Other(m) => LockError::Backend(BackendError::Other(m)),
+            Fault::Config(m) => LockError::Config(m),
+        }
+    }
+}
+
+/// The connection broke under the command (it may or may not have run),
+/// or the cluster client has none to the node right now.
+pub(crate) fn connection_broke(e: &redis::RedisError) -> bool {
+    e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.kind() == redis::ErrorKind::ClusterConnectionNotFound
+}
+
+/// A Redis error that a later try may not see.
+fn transient(e: &redis::RedisError) -> bool {
+    use redis::{ErrorKind, ServerErrorKind};
+    connection_broke(e)
+        || e.is_timeout()
+        || matches!(
+            e.kind(),
+            ErrorKind::Server(ServerErrorKind::TryAgain | ServerErrorKind::ClusterDown)
+        )
+        || matches!(
+            e.code(),
+            Some("TRYAGAIN" | "CLUSTERDOWN" | "LOADING" | "MASTERDOWN" | "READONLY" | "BUSY")
+        )
+}
