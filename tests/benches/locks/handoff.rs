@@ -434,6 +434,20 @@ pub fn run(ctx: &Ctx, report: &mut Report) {
                 }),
                 x.map(|x| x >= 20.0),
             );
+            if let Some(t) = theirs {
+                report.why(format!(
+                    "{} polls: with its 16 threads each retrying on its own timer, one of them usually retries \
+                     soon after a release, so its median hand-off ({}) is short while its p99 waits out the \
+                     poll interval; each of those retries is a failed `SET NX` on Redis (see the script-call \
+                     column). Ours would need a median of {}, less than the two round trips (release, then \
+                     the grant's message) a hand-off takes (case 1 gives their floor). What would meet it: \
+                     nothing a client can do; the figures that count are the p99 and the Redis calls, where \
+                     ours is far ahead.",
+                    r.name,
+                    fmt_opt(Some(t)),
+                    fmt_ns(t / 20),
+                ));
+            }
         }
     }
 }

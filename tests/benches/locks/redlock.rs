@@ -205,6 +205,18 @@ pub fn run(ctx: &Ctx, report: &mut Report) {
         },
         a50.zip(c50).map(|(x, y)| x <= y),
     );
+    if let (Some(x), Some(y), Some(b50), Some(d50)) = (a50, c50, b.p50(), d.p50()) {
+        report.why(format!(
+            "ours takes {} longer than rslock across {MASTERS} masters, and {} longer on one master ({}): \
+             each node runs our acquire script (the fencing token: `TIME`, `SET fence GET`) where rslock sends \
+             `SET NX PX`, and here {MASTERS} servers and their proxies share 2 cores, so the nodes' script \
+             time adds up. What would meet it: a per-node acquire as cheap as `SET NX PX`, which a fencing \
+             token that survives a majority rules out.",
+            fmt_opt(Some((x - y).max(0.0) as u64)),
+            fmt_opt(Some(b50.saturating_sub(d50))),
+            ratio(b50 as f64, d50 as f64)
+        ));
+    }
     drop(servers);
 }
 

@@ -9,6 +9,8 @@ pub struct Target {
     pub measured: String,
     /// `None`: could not be measured in this run.
     pub met: Option<bool>,
+    /// Where missed: the measured reason, and what would meet it.
+    pub why: Option<String>,
 }
 
 #[derive(Default)]
@@ -55,7 +57,16 @@ impl Report {
             target: target.into(),
             measured: measured.into(),
             met,
+            why: None,
         });
+    }
+
+    /// Say why the last target is missed (shown only if it is), from the
+    /// run's own figures, and what would meet it.
+    pub fn why(&mut self, text: impl Into<String>) {
+        if let Some(t) = self.targets.last_mut() {
+            t.why = Some(text.into());
+        }
     }
 
     pub fn targets_table(&self) -> String {
@@ -70,6 +81,22 @@ impl Report {
                 "| {} | {} | {} | {} |\n",
                 t.case, t.target, t.measured, verdict
             ));
+        }
+        let missed: Vec<&Target> = self
+            .targets
+            .iter()
+            .filter(|t| t.met == Some(false))
+            .collect();
+        if !missed.is_empty() {
+            s.push_str("\n### Missed: the measured reason, and what would meet it\n\n");
+            for t in missed {
+                s.push_str(&format!(
+                    "- **Case {}, {}**: {}\n",
+                    t.case,
+                    t.target,
+                    t.why.as_deref().unwrap_or("no reason recorded")
+                ));
+            }
         }
         s
     }

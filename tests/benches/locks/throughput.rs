@@ -328,4 +328,22 @@ pub fn run(ctx: &Ctx, report: &mut Report) {
         },
         ours.zip(rs_rate).map(|(o, r)| o >= r),
     );
+    if let (Some(o), Some(r), Some(oc), Some(rc)) = (ours, rs_rate, manual_cpu, rs_cpu) {
+        report.why(format!(
+            "Redis sets the pace. It was busy {:.0} % of a core during ours and {:.0} % during rslock's run, \
+             and spent {oc:.1} µs of CPU per cycle on ours against {rc:.1} µs on rslock's ({:.2}×): ours runs \
+             two scripts with 7 commands per cycle (the fencing token needs `TIME` and `SET fence GET`, the \
+             release checks for queued waiters), rslock runs `SET NX PX` and one script with `GET` + `DEL`, \
+             and hands out no token. At rslock's Redis CPU per cycle ours would reach about {} cycles/s \
+             ({:.2}× rslock). What would meet it: Redis work per cycle at rslock's level, which the fencing \
+             counter rules out on Redis 7 (a server-side compare-and-delete such as Valkey 9's `DELIFEQ` \
+             would take the release script off the uncontended path), or spreading keys over more Redis \
+             cores (Cluster).",
+            100.0 * o * oc / 1e6,
+            100.0 * r * rc / 1e6,
+            oc / rc,
+            fmt_count(o * oc / rc),
+            o * oc / rc / r
+        ));
+    }
 }
