@@ -330,7 +330,8 @@ pub fn run(ctx: &Ctx, report: &mut Report) {
     );
     if let (Some(o), Some(r), Some(oc), Some(rc)) = (ours, rs_rate, manual_cpu, rs_cpu) {
         report.why(format!(
-            "Redis sets the pace. It was busy {:.0} % of a core during ours and {:.0} % during rslock's run, \
+            "the client and Redis share this machine's 2 cores, and Redis does the larger share of the work: \
+             it was busy {:.0} % of a core during ours and {:.0} % during rslock's run, \
              and spent {oc:.1} µs of CPU per cycle on ours against {rc:.1} µs on rslock's ({:.2}×): ours runs \
              two scripts with 7 commands per cycle (the fencing token needs `TIME` and `SET fence GET`, the \
              release checks for queued waiters), rslock runs `SET NX PX` and one script with `GET` + `DEL`, \
