@@ -92,6 +92,28 @@ impl LockClientBuilder {
         self
     }
 
+    /// Trust `pem` (one or more PEM certificates) as the CA of `rediss://`
+    /// servers, instead of the platform's roots: for a private CA. Applies
+    /// to every node of every deployment, the data nodes found through
+    /// Sentinel included. A certificate that does not parse fails
+    /// `connect` with [`LockError::Config`].
+    #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+    pub fn tls_root_ca(mut self, pem: &[u8]) -> Self {
+        self.config.access.root_ca = Some(pem.into());
+        self
+    }
+
+    /// Sentinel only: the user and password of the sentinels themselves
+    /// (an empty `user`: password only, `requirepass`). The credentials in
+    /// the Sentinel URLs (`redis://user:password@sentinel:26379`) are the
+    /// data nodes': they are passed on to the primary the sentinels name,
+    /// with the URLs' TLS setting. Default: the sentinels need no password.
+    pub fn sentinel_auth(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.config.access.sentinel_auth = Some((user.into(), password.into()));
+        self
+    }
+
     fn checked(self) -> Result<Config, LockError> {
         let c = self.config;
         if c.lease.is_zero() {
@@ -112,6 +134,11 @@ impl LockClientBuilder {
         if self.config.replica_acks.is_some() {
             return Err(LockError::Config(format!(
                 "replica_acks applies to `sentinel` clients only, not to `{what}`"
+            )));
+        }
+        if self.config.access.sentinel_auth.is_some() {
+            return Err(LockError::Config(format!(
+                "sentinel_auth applies to `sentinel` clients only, not to `{what}`"
             )));
         }
         self.checked()

@@ -2,6 +2,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use crate::backend::endpoint::Access;
 use crate::backend::node::NodeSettings;
 use crate::backend::{Backend, Released};
 use crate::io::Io;
@@ -95,6 +96,8 @@ pub(crate) struct Config {
     /// Sentinel: replicas that must confirm a fresh lock, and how long to
     /// wait for them.
     pub(crate) replica_acks: Option<(usize, Duration)>,
+    /// TLS trust and the sentinels' credentials.
+    pub(crate) access: Access,
 }
 
 impl Default for Config {
@@ -108,6 +111,7 @@ impl Default for Config {
             op_timeout: Duration::from_secs(2),
             connect_timeout: Duration::from_secs(2),
             replica_acks: None,
+            access: Access::default(),
         }
     }
 }
@@ -117,6 +121,7 @@ impl Config {
         NodeSettings {
             op_timeout: self.op_timeout,
             connect_timeout: self.connect_timeout,
+            access: self.access.clone(),
         }
     }
 }

@@ -70,7 +70,16 @@
 //! holder. Futures joined concurrently inside one body share the holder.
 //! Reentry is counted in the process: it costs no round trip and hands back
 //! exactly the outer token.
+//!
+//! # Cargo features
+//! - `tls`: `rediss://` URLs for every deployment, over rustls (no OpenSSL
+//!   needed to build), and `LockClientBuilder::tls_root_ca` for a private
+//!   CA; `rediss://host:port/#insecure` skips certificate verification (for
+//!   tests only). Without it a `rediss://` URL is a [`LockError::Config`]
+//!   that says to enable it. ACL users work with or without it:
+//!   `redis://user:password@host:port`.
 #![deny(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod backend;
 mod builder;

@@ -36,6 +36,14 @@ pub struct Sentinel {
 
 impl Sentinel {
     pub fn start(master: &str, primary_port: u16, timing: Timing) -> Sentinel {
+        Self::start_with(master, primary_port, timing, "")
+    }
+
+    /// Like [`Sentinel::start`], with more lines for `sentinel.conf` (they
+    /// go after `sentinel monitor`; a `requirepass` there makes this
+    /// sentinel's own readiness check fail, so it is checked with `PING`
+    /// answered by anything, `NOAUTH` included).
+    pub fn start_with(master: &str, primary_port: u16, timing: Timing, extra: &str) -> Sentinel {
         let port = free_port();
         let dir =
             std::env::temp_dir().join(format!("lock-test-sentinel-{}-{port}", std::process::id()));
@@ -48,7 +56,7 @@ impl Sentinel {
                  sentinel monitor {master} 127.0.0.1 {primary_port} 2\n\
                  sentinel down-after-milliseconds {master} {down}\n\
                  sentinel failover-timeout {master} {fo}\n\
-                 sentinel parallel-syncs {master} 1\n",
+                 sentinel parallel-syncs {master} 1\n{extra}\n",
                 dir = dir.display(),
                 down = timing.down_after_ms,
                 fo = timing.failover_timeout_ms,
@@ -65,7 +73,10 @@ impl Sentinel {
             dir,
         };
         let deadline = Instant::now() + Duration::from_secs(10);
-        while s.try_cmd::<String>(&["PING"]).is_err() {
+        while s
+            .try_cmd::<String>(&["PING"])
+            .is_err_and(|e| e.code() != Some("NOAUTH"))
+        {
             assert!(
                 Instant::now() < deadline,
                 "redis-sentinel on {port} did not come up"

@@ -20,8 +20,9 @@ use redis::cluster_async::ClusterConnection;
 use redis::{ProtocolVersion, PushInfo, PushKind, Value};
 use tokio::runtime::Handle;
 
+use super::endpoint;
 use super::fault::Fault;
-use super::node::{open, NodeSettings, RedisNode};
+use super::node::{NodeSettings, RedisNode};
 use super::pubsub::{heard, subscribe_gated, unsubscribe_if_idle};
 use super::redis::{RedisBackend, Releases};
 use crate::key::{client_of, LockName};
@@ -45,11 +46,8 @@ pub(crate) async fn connect(
 /// scripts. Scripts are not preloaded: a node that lacks one gets it by EVAL
 /// on first use.
 async fn connect_node(urls: &[String], settings: NodeSettings) -> Result<RedisNode, Fault> {
-    let seeds = urls.join(", ");
-    for url in urls {
-        open(url)?;
-    }
-    let client = ClusterClient::builder(urls.iter().map(String::as_str))
+    let seeds = endpoint::shown(urls);
+    let client = endpoint::cluster(urls, &settings.access)?
         .connection_timeout(settings.connect_timeout)
         .response_timeout(settings.op_timeout)
         .retries(3)
@@ -130,8 +128,8 @@ impl ShardSubscriber {
             }
             Ok::<(), ()>(())
         };
-        let seeds = urls.join(", ");
-        let client = ClusterClient::builder(urls.iter().map(String::as_str))
+        let seeds = endpoint::shown(urls);
+        let client = endpoint::cluster(urls, &settings.access)?
             .connection_timeout(settings.connect_timeout)
             .response_timeout(settings.op_timeout)
             .retries(3)

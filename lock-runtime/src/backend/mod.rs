@@ -9,6 +9,7 @@ use crate::wakeups::Waiter;
 use fault::Fault;
 
 pub(crate) mod cluster;
+pub(crate) mod endpoint;
 pub(crate) mod fault;
 pub(crate) mod memory;
 pub(crate) mod node;

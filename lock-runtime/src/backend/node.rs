@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, FromRedisValue, Pipeline};
+use redis::{Cmd, ConnectionInfo, FromRedisValue, Pipeline};
 
+use super::endpoint::{self, Access};
 use super::fault::Fault;
 use super::{Acquired, Queue, Queued, Released, Renewal, Renewed};
 use crate::key::LockName;
@@ -54,6 +55,7 @@ fn resend(e: &Fault) -> bool {
 pub(crate) struct NodeSettings {
     pub(crate) op_timeout: Duration,
     pub(crate) connect_timeout: Duration,
+    pub(crate) access: Access,
 }
 
 /// A connection that runs the lock scripts: to one Redis server, or to a
@@ -71,10 +73,6 @@ enum Conn {
     Cluster(ClusterConnection),
 }
 
-pub(crate) fn open(url: &str) -> Result<redis::Client, Fault> {
-    redis::Client::open(url).map_err(|e| Fault::Config(format!("bad Redis URL `{url}`: {e}")))
-}
-
 async fn send<T: FromRedisValue>(
     q: &Query,
     conn: &mut impl ConnectionLike,
@@ -89,7 +87,15 @@ impl RedisNode {
     /// Connect, check the server answers, and load the scripts. Must run on
     /// the client's I/O runtime: reconnects are spawned where it was made.
     pub(crate) async fn connect(url: &str, settings: NodeSettings) -> Result<Self, Fault> {
-        let client = open(url)?;
+        Self::connect_to(endpoint::info(url)?, settings).await
+    }
+
+    /// [`connect`](Self::connect) to a server given by its settings.
+    pub(crate) async fn connect_to(
+        info: ConnectionInfo,
+        settings: NodeSettings,
+    ) -> Result<Self, Fault> {
+        let client = endpoint::client(info, &settings.access)?;
         let addr: Arc<str> = client.get_connection_info().addr().to_string().into();
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(settings.connect_timeout))

@@ -6,11 +6,12 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{ProtocolVersion, PushInfo, PushKind, Value};
+use redis::{ConnectionInfo, ProtocolVersion, PushInfo, PushKind, Value};
 use tokio::runtime::Handle;
 
+use super::endpoint;
 use super::fault::Fault;
-use super::node::{open, NodeSettings};
+use super::node::NodeSettings;
 use crate::key::{client_of, LockName};
 use crate::wakeups::{Grant, Stamp, Waiter, Wakeups};
 
@@ -33,14 +34,20 @@ struct SubInner {
 
 impl Subscriber {
     pub(crate) fn new(url: &str, settings: NodeSettings, io: Handle) -> Result<Self, Fault> {
-        let client = open(url)?;
-        let info = client.get_connection_info().clone();
+        Self::new_to(endpoint::info(url)?, settings, io)
+    }
+
+    /// [`new`](Self::new) for a server given by its settings.
+    pub(crate) fn new_to(
+        info: ConnectionInfo,
+        settings: NodeSettings,
+        io: Handle,
+    ) -> Result<Self, Fault> {
         let resp3 = info
             .redis_settings()
             .clone()
             .set_protocol(ProtocolVersion::RESP3);
-        let client = redis::Client::open(info.set_redis_settings(resp3))
-            .map_err(|e| Fault::Config(format!("bad Redis URL `{url}`: {e}")))?;
+        let client = endpoint::client(info.set_redis_settings(resp3), &settings.access)?;
         let inner = Arc::new_cyclic(|weak: &Weak<SubInner>| {
             let weak = weak.clone();
             let on_idle: crate::wakeups::OnIdle = Arc::new(move |channel: Arc<str>| {

@@ -29,6 +29,7 @@ use tokio::runtime::Handle;
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
+use super::endpoint;
 use super::fault::Fault;
 use super::node::{NodeSettings, RedisNode, Wake};
 use super::subscribers::AnySubscriber;
@@ -39,6 +40,8 @@ use crate::wakeups::Waiter;
 /// One of the N servers. Connected lazily if it was down at start-up, so a
 /// node that comes back later rejoins the vote.
 struct Slot {
+    info: redis::ConnectionInfo,
+    /// Its URL, password replaced, for messages.
     url: String,
     settings: NodeSettings,
     node: OnceCell<RedisNode>,
@@ -47,7 +50,7 @@ struct Slot {
 impl Slot {
     async fn node(&self) -> Result<RedisNode, Fault> {
         self.node
-            .get_or_try_init(|| RedisNode::connect(&self.url, self.settings.clone()))
+            .get_or_try_init(|| RedisNode::connect_to(self.info.clone(), self.settings.clone()))
             .await
             .cloned()
     }
@@ -124,13 +127,16 @@ impl RedlockBackend {
             op_timeout: settings.op_timeout,
             jitter,
             slots: urls
-                .into_iter()
-                .map(|url| Slot {
-                    url,
-                    settings: settings.clone(),
-                    node: OnceCell::new(),
+                .iter()
+                .map(|url| {
+                    Ok(Slot {
+                        info: endpoint::info(url)?,
+                        url: endpoint::redact(url),
+                        settings: settings.clone(),
+                        node: OnceCell::new(),
+                    })
                 })
-                .collect(),
+                .collect::<Result<_, Fault>>()?,
         };
         let budget = settings.connect_timeout + settings.op_timeout;
         let answers = shared

@@ -17,6 +17,7 @@ use std::time::Duration;
 use tokio::runtime::Handle;
 use tokio::time::Instant;
 
+use super::endpoint;
 use super::fault::Fault;
 use super::node::{NodeSettings, RedisNode, Wake};
 use super::pubsub::Subscriber;
@@ -62,15 +63,14 @@ impl SentinelBackend {
         io: Handle,
     ) -> Result<Self, Fault> {
         for url in &sentinels {
-            redis::Client::open(url.as_str())
-                .map_err(|e| Fault::Config(format!("bad Sentinel URL `{url}`: {e}")))?;
+            endpoint::sentinel(url, &settings.access)?;
         }
         // Asking and connecting share one budget: an unreachable deployment
         // is an error within seconds, never a hang.
         let budget = settings.connect_timeout + settings.op_timeout;
         let primary = tokio::time::timeout(budget, async {
             let addr = ask_sentinels(&sentinels, &master, &settings).await?;
-            open_primary(&addr, &settings, acks, &io).await
+            open_primary(&sentinels[0], &addr, &settings, acks, &io).await
         })
         .await
         .map_err(|_| {
@@ -110,23 +110,33 @@ async fn ask_sentinels(
     sentinels: &[String],
     master: &str,
     settings: &NodeSettings,
-) -> Result<String, Fault> {
+) -> Result<(String, u16), Fault> {
     let limit = settings.connect_timeout + settings.op_timeout;
     let answers = futures_util::future::join_all(sentinels.iter().map(|url| async move {
         let ask = async {
-            let client = redis::Client::open(url.as_str())?;
-            let mut conn = client.get_multiplexed_async_connection().await?;
+            let client = endpoint::sentinel(url, &settings.access).map_err(|e| e.to_string())?;
+            let mut conn = client
+                .get_multiplexed_async_connection()
+                .await
+                .map_err(|e| e.to_string())?;
             redis::cmd("SENTINEL")
                 .arg("get-master-addr-by-name")
                 .arg(master)
                 .query_async::<Option<(String, u16)>>(&mut conn)
                 .await
+                .map_err(|e| e.to_string())
         };
         match tokio::time::timeout(limit, ask).await {
-            Ok(Ok(Some((host, port)))) => Ok(format!("{host}:{port}")),
-            Ok(Ok(None)) => Err(format!("{url}: does not know master `{master}`")),
-            Ok(Err(e)) => Err(format!("{url}: {e}")),
-            Err(_) => Err(format!("{url}: no answer within {limit:?}")),
+            Ok(Ok(Some((host, port)))) => Ok((host, port)),
+            Ok(Ok(None)) => Err(format!(
+                "{}: does not know master `{master}`",
+                endpoint::redact(url)
+            )),
+            Ok(Err(e)) => Err(format!("{}: {e}", endpoint::redact(url))),
+            Err(_) => Err(format!(
+                "{}: no answer within {limit:?}",
+                endpoint::redact(url)
+            )),
         }
     }))
     .await;
@@ -143,14 +153,18 @@ async fn ask_sentinels(
     )))
 }
 
+/// Connect to the primary at `host:port`, the way the Sentinel URL `via`
+/// says (TLS, credentials, database).
 async fn open_primary(
-    addr: &str,
+    via: &str,
+    (host, port): &(String, u16),
     settings: &NodeSettings,
     acks: Option<(usize, Duration)>,
     io: &Handle,
 ) -> Result<Primary, Fault> {
-    let url = format!("redis://{addr}");
-    let node = RedisNode::connect(&url, settings.clone()).await?;
+    let addr = format!("{host}:{port}");
+    let info = endpoint::data_node(via, host, *port)?;
+    let node = RedisNode::connect_to(info.clone(), settings.clone()).await?;
     // Sentinel may still name a primary that has just been demoted.
     let role: Vec<redis::Value> = node
         .command(redis::cmd("ROLE"), "asking the primary's role")
@@ -167,15 +181,15 @@ async fn open_primary(
                 op_timeout: settings.op_timeout + wait,
                 ..settings.clone()
             };
-            Some(RedisNode::connect(&url, settings).await?)
+            Some(RedisNode::connect_to(info.clone(), settings).await?)
         }
         None => None,
     };
     Ok(Primary {
-        addr: addr.to_owned(),
+        subscriber: Subscriber::new_to(info, settings.clone(), io.clone())?,
+        addr,
         node,
         acks_node,
-        subscriber: Subscriber::new(&url, settings.clone(), io.clone())?,
     })
 }
 
@@ -215,11 +229,21 @@ impl Shared {
             }
         }
         *last = Instant::now();
-        let addr = ask_sentinels(&self.sentinels, &self.master, &self.settings).await?;
+        let found = ask_sentinels(&self.sentinels, &self.master, &self.settings).await?;
+        let addr = format!("{}:{}", found.0, found.1);
         if addr == now.addr {
             return Ok(now);
         }
-        let primary = Arc::new(open_primary(&addr, &self.settings, self.acks, &self.io).await?);
+        let primary = Arc::new(
+            open_primary(
+                &self.sentinels[0],
+                &found,
+                &self.settings,
+                self.acks,
+                &self.io,
+            )
+            .await?,
+        );
         tracing::warn!(from = %now.addr, to = %addr, master = %self.master, "Sentinel failover: following the new primary");
         *self.current.lock().unwrap() = primary.clone();
         // Waiters listening on the old primary would hear nothing more:

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use tokio::runtime::Handle;
 
+use super::endpoint;
 use super::fault::Fault;
 use super::node::NodeSettings;
 use super::pubsub::Subscriber;
@@ -35,7 +36,12 @@ impl AnySubscriber {
     ) -> Result<Self, Fault> {
         let subs = urls
             .iter()
-            .map(|u| Ok((u.clone(), Subscriber::new(u, settings.clone(), io.clone())?)))
+            .map(|u| {
+                Ok((
+                    endpoint::redact(u),
+                    Subscriber::new(u, settings.clone(), io.clone())?,
+                ))
+            })
             .collect::<Result<Vec<_>, Fault>>()?;
         Ok(AnySubscriber {
             subs,
