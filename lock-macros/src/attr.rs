@@ -6,7 +6,7 @@ use proc_macro2::Span;
 use syn::meta::ParseNestedMeta;
 use syn::{Expr, ExprLit, Lit, LitStr, Path};
 
-const OPTIONS: &str = "key, lease, wait, on_lost, crate";
+const OPTIONS: &str = "key, lease, wait, on_lost, on_busy, min_hold, max_hold, crate";
 
 /// The attribute's options, validated.
 pub(crate) struct Args {
@@ -14,6 +14,10 @@ pub(crate) struct Args {
     pub(crate) lease: Option<Duration>,
     pub(crate) wait: Option<Duration>,
     pub(crate) on_lost_continue: bool,
+    /// `on_busy = "skip"`.
+    pub(crate) skip_if_busy: bool,
+    pub(crate) min_hold: Option<Duration>,
+    pub(crate) max_hold: Option<Duration>,
     pub(crate) krate: Option<Path>,
 }
 
@@ -23,6 +27,9 @@ struct Builder {
     lease: Option<Duration>,
     wait: Option<Duration>,
     on_lost: Option<bool>,
+    on_busy: Option<bool>,
+    min_hold: Option<Duration>,
+    max_hold: Option<(Duration, LitStr)>,
     krate: Option<Path>,
 }
 
@@ -37,11 +44,29 @@ impl Args {
                 "missing `key`: write `#[distributed_lock(key = \"order:{id}\")]`",
             ));
         };
+        if let Some((max, lit)) = &b.max_hold {
+            for (name, bound) in [("lease", b.lease), ("min_hold", b.min_hold)] {
+                if let Some(d) = bound.filter(|d| d > max) {
+                    return Err(syn::Error::new(
+                        lit.span(),
+                        format!(
+                            "`max_hold` ({}) is shorter than `{name}` ({}): the lock would lapse before it; \
+                             make `max_hold` at least `{name}`",
+                            humantime::format_duration(*max),
+                            humantime::format_duration(d)
+                        ),
+                    ));
+                }
+            }
+        }
         Ok(Args {
             key,
             lease: b.lease,
             wait: b.wait,
             on_lost_continue: b.on_lost.unwrap_or(false),
+            skip_if_busy: b.on_busy.unwrap_or(false),
+            min_hold: b.min_hold,
+            max_hold: b.max_hold.map(|(d, _)| d),
             krate: b.krate,
         })
     }
@@ -71,7 +96,14 @@ fn duration(lit: &LitStr, name: &str, allow_zero: bool) -> syn::Result<Duration>
     if d.is_zero() && !allow_zero {
         return Err(syn::Error::new(
             lit.span(),
-            format!("`{name}` must be longer than zero; a zero lease would expire at once"),
+            format!(
+                "`{name}` must be longer than zero{}",
+                if name == "lease" {
+                    "; a zero lease would expire at once"
+                } else {
+                    ""
+                }
+            ),
         ));
     }
     if !d.is_zero() && d < Duration::from_millis(1) {
@@ -129,6 +161,30 @@ impl Builder {
                     }
                 };
                 once(&mut self.on_lost, &meta, "on_lost", cont)
+            }
+            "on_busy" => {
+                let lit = string(&meta, "on_busy", "\"skip\"")?;
+                let skip = match lit.value().as_str() {
+                    "error" => false,
+                    "skip" => true,
+                    other => {
+                        return Err(syn::Error::new(
+                            lit.span(),
+                            format!("`on_busy = \"{other}\"` is not an option; write \"error\" (return `Err(LockError::Timeout)`) or \"skip\" (return `Ok(T::default())` without running the body)"),
+                        ))
+                    }
+                };
+                once(&mut self.on_busy, &meta, "on_busy", skip)
+            }
+            "min_hold" => {
+                let lit = string(&meta, "min_hold", "\"50s\"")?;
+                let d = duration(&lit, "min_hold", false)?;
+                once(&mut self.min_hold, &meta, "min_hold", d)
+            }
+            "max_hold" => {
+                let lit = string(&meta, "max_hold", "\"10m\"")?;
+                let d = duration(&lit, "max_hold", false)?;
+                once(&mut self.max_hold, &meta, "max_hold", (d, lit))
             }
             "crate" => {
                 let lit = string(&meta, "crate", "\"lock_runtime\"")?;

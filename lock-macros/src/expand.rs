@@ -65,6 +65,8 @@ pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
     };
     let lease = millis("lease", args.lease);
     let wait = millis("wait", args.wait);
+    let min_hold = millis("min_hold", args.min_hold);
+    let max_hold = millis("max_hold", args.max_hold);
     let on_lost = if args.on_lost_continue {
         quote!(#krate::OnLost::Continue)
     } else {
@@ -87,6 +89,30 @@ pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
         ident("__lock_err"),
     );
     let block = &func.block;
+    // `on_busy = "skip"`: busy is `Ok(T::default())`, checked on `T`.
+    let (run, outcome) = if args.skip_if_busy {
+        let ok_ty = ok_type(ret).ok_or_else(|| {
+            syn::Error::new_spanned(
+                ret,
+                "`on_busy = \"skip\"` returns `Ok(T::default())`: write the return type as `Result<T, E>` so `T` can be named",
+            )
+        })?;
+        let default = quote_spanned! {ok_ty.span()=>
+            <#ok_ty as ::core::default::Default>::default()
+        };
+        (
+            quote!(run_or_skip),
+            quote! {
+                ::core::result::Result::Ok(::core::option::Option::Some(#out)) => #out,
+                ::core::result::Result::Ok(::core::option::Option::None) => ::core::result::Result::Ok(#default),
+            },
+        )
+    } else {
+        (
+            quote!(run),
+            quote!(::core::result::Result::Ok(#out) => #out,),
+        )
+    };
     // Glue code carries the return type's span: a wrong error type is
     // reported once, there. The body is typed as the fn's return type (so
     // `?` in it converts into that error type) and runs only under the
@@ -106,10 +132,12 @@ pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
                 .on_lost(#on_lost)
                 #lease
                 #wait
-                .run(#body_var)
+                #min_hold
+                #max_hold
+                .#run(#body_var)
                 .await
             {
-                ::core::result::Result::Ok(#out) => #out,
+                #outcome
                 ::core::result::Result::Err(#err) => #fail(#err),
             },
             ::core::result::Result::Err(#err) => #fail(#err),
@@ -133,6 +161,26 @@ fn is_result(ty: &Type) -> bool {
         Type::Group(g) => is_result(&g.elem),
         Type::Paren(p) => is_result(&p.elem),
         _ => false,
+    }
+}
+
+/// `T` of `Result<T, E>` (also of an alias with `T` first, e.g.
+/// `anyhow::Result<T>`).
+fn ok_type(ty: &Type) -> Option<&Type> {
+    match ty {
+        Type::Path(p) => {
+            let last = p.path.segments.last()?;
+            match &last.arguments {
+                syn::PathArguments::AngleBracketed(a) => a.args.iter().find_map(|g| match g {
+                    syn::GenericArgument::Type(t) => Some(t),
+                    _ => None,
+                }),
+                _ => None,
+            }
+        }
+        Type::Group(g) => ok_type(&g.elem),
+        Type::Paren(p) => ok_type(&p.elem),
+        _ => None,
     }
 }
 

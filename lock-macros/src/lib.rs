@@ -24,6 +24,13 @@ mod key_template;
 ///   tries once. Default: the client's (0 s).
 /// - `on_lost`: `"abort"` (default) drops the body and returns `Err(Lost)`
 ///   when the lock is lost; `"continue"` lets it finish and logs the loss.
+/// - `on_busy`: `"error"` (default) returns `Err(Timeout)` when the lock is
+///   still busy after `wait`; `"skip"` returns `Ok(T::default())` without
+///   running the body (a job scheduled on every instance).
+/// - `min_hold`: the lock stays taken at least this long after it was
+///   acquired; an earlier release leaves it to expire then.
+/// - `max_hold`: renewals stop this long after acquisition and the hold
+///   counts as lost (`on_lost` applies). At least `lease` and `min_hold`.
 /// - `crate`: path of the runtime crate if it is renamed.
 ///
 /// The fn must be `async` and return `Result<T, E>` with

@@ -277,6 +277,32 @@ impl LockClient {
         });
     }
 
+    /// The background release of a hold with `min_hold` time left: the
+    /// lock is left to expire at `until` instead of deleted (if it is still
+    /// `owner`'s; a release is what it becomes once that time has passed).
+    pub(crate) fn keep_in_background(
+        &self,
+        name: LockName,
+        owner: Arc<str>,
+        until: Option<tokio::time::Instant>,
+    ) {
+        let client = self.clone();
+        self.inner.io.spawn(async move {
+            let backend = &client.inner.backend;
+            let left = until.map(|u| u.saturating_duration_since(tokio::time::Instant::now()));
+            let out = match left {
+                Some(left) if left >= Duration::from_millis(1) => {
+                    crate::guard::keep(backend, &name, &owner, left).await
+                }
+                _ => backend.release(&name, &owner).await,
+            };
+            if let Err(e) = out {
+                tracing::warn!(key = %name.key, error = %e, "background release failed; the lock expires with its lease");
+            }
+            drop(client);
+        });
+    }
+
     pub(crate) async fn subscribe(
         &self,
         name: &LockName,

@@ -1,6 +1,10 @@
 use std::sync::Arc;
+use std::time::Duration;
 
-use crate::backend::Released;
+use tokio::time::Instant;
+
+use crate::backend::fault::Fault;
+use crate::backend::{Backend, Released, Renewal, Renewed};
 use crate::key::LockName;
 use crate::scope::Scope;
 use crate::watchdog::Held;
@@ -14,11 +18,29 @@ pub(crate) struct Hold {
     pub(crate) owner: Arc<str>,
     pub(crate) fence: u64,
     pub(crate) held: Held,
+    /// `min_hold`: a release before this leaves the lock to expire here.
+    pub(crate) keep_until: Option<Instant>,
 }
 
 impl Hold {
     pub(crate) fn is_lost(&self) -> bool {
         self.held.is_lost()
+    }
+
+    /// How long the lock must stay taken after a release now (`min_hold`).
+    fn keep_for(&self) -> Option<Duration> {
+        let left = self.keep_until?.saturating_duration_since(Instant::now());
+        (left >= Duration::from_millis(1)).then_some(left)
+    }
+
+    /// End the hold from the background: release it, or leave it to
+    /// expire at its `min_hold`.
+    fn end_in_background(&self) {
+        let (name, owner) = (self.name.clone(), self.owner.clone());
+        match self.keep_for() {
+            Some(_) => self.client.keep_in_background(name, owner, self.keep_until),
+            None => self.client.release_in_background(name, owner),
+        }
     }
 }
 
@@ -104,10 +126,21 @@ impl LockGuard {
         // Sent from the caller's task; if the caller drops this future
         // before the answer, the release is finished in the background.
         let unfinished = Unfinished(Some(hold));
-        let out = inner
-            .io
-            .here(inner.backend.release(&hold.name, &hold.owner))
-            .await;
+        let out = match hold.keep_for() {
+            // `min_hold`: left to expire then, if still ours.
+            Some(left) => {
+                inner
+                    .io
+                    .here(keep(&inner.backend, &hold.name, &hold.owner, left))
+                    .await
+            }
+            None => {
+                inner
+                    .io
+                    .here(inner.backend.release(&hold.name, &hold.owner))
+                    .await
+            }
+        };
         unfinished.done();
         match out {
             Ok(Released::NotOwner) => Err(self.lost_error()),
@@ -154,9 +187,33 @@ impl Unfinished<'_> {
 impl Drop for Unfinished<'_> {
     fn drop(&mut self) {
         if let Some(hold) = self.0 {
-            hold.client
-                .release_in_background(hold.name.clone(), hold.owner.clone());
+            hold.end_in_background();
         }
+    }
+}
+
+/// Set `owner`'s lock to expire `left` from now, if it is still `owner`'s:
+/// the release of a hold with `min_hold` time left. The same
+/// compare-and-expire a renewal sends, so sending it twice is harmless.
+pub(crate) async fn keep(
+    backend: &Backend,
+    name: &LockName,
+    owner: &Arc<str>,
+    left: Duration,
+) -> Result<Released, Fault> {
+    let renewal = Renewal {
+        name: name.clone(),
+        owner: owner.clone(),
+        lease: left,
+    };
+    match backend.renew(vec![renewal]).await.pop() {
+        Some(Renewed::Yes) => Ok(Released::Freed),
+        Some(Renewed::NotOwner) => Ok(Released::NotOwner),
+        Some(Renewed::Failed(e)) => Err(e),
+        None => Err(Fault::other(format!(
+            "leaving lock `{}` to expire at its min_hold: no answer",
+            name.key
+        ))),
     }
 }
 
@@ -166,9 +223,7 @@ impl Drop for LockGuard {
             return;
         }
         if self.leave().is_some() {
-            let hold = &self.hold;
-            hold.client
-                .release_in_background(hold.name.clone(), hold.owner.clone());
+            self.hold.end_in_background();
         }
     }
 }

@@ -34,6 +34,8 @@ pub struct LockRequest {
     lease: Option<Duration>,
     wait: Option<Duration>,
     pub(crate) on_lost: OnLost,
+    min_hold: Option<Duration>,
+    max_hold: Option<Duration>,
 }
 
 impl LockRequest {
@@ -44,6 +46,8 @@ impl LockRequest {
             lease: None,
             wait: None,
             on_lost: OnLost::default(),
+            min_hold: None,
+            max_hold: None,
         }
     }
 
@@ -59,12 +63,46 @@ impl LockRequest {
         self
     }
 
+    /// Keep the lock taken until at least this long after it was acquired,
+    /// even if it is released sooner: the release then leaves it to expire
+    /// at that point, unrenewed (ShedLock's `lockAtLeastFor`). A job that
+    /// runs on every instance then runs once per period even when the
+    /// instances' clocks or schedules differ a little. Counted from when
+    /// the acquire was sent. A reentry keeps the outer hold's bounds.
+    pub fn min_hold(mut self, min_hold: Duration) -> Self {
+        self.min_hold = Some(min_hold);
+        self
+    }
+
+    /// Renew the lock for at most this long after it was acquired
+    /// (ShedLock's `lockAtMostFor`): the last renewal ends the lease there,
+    /// and the hold counts as lost from then on ([`run`](Self::run) stops
+    /// the body under [`OnLost::Abort`]). A hung body cannot keep a lock
+    /// forever. Must be at least the lease and `min_hold`.
+    pub fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.max_hold = Some(max_hold);
+        self
+    }
+
+    /// Take the lock if it is free within `wait`, else `Ok(None)`: what a
+    /// job that runs on every instance wants, where "busy" means "another
+    /// instance runs it now". Other failures are `Err` as for `.await`.
+    pub async fn try_acquire(self) -> Result<Option<LockGuard>, LockError> {
+        match self.acquire().await {
+            Ok(guard) => Ok(Some(guard)),
+            Err(LockError::Timeout { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     async fn acquire(self) -> Result<LockGuard, LockError> {
         let LockRequest {
             client,
             key,
             lease,
             wait,
+            min_hold,
+            max_hold,
             ..
         } = self;
         let cfg = &client.inner.config;
@@ -76,6 +114,15 @@ impl LockRequest {
                 "lock `{key}`: the lease must be longer than zero and at most {MAX_LEASE:?} (got {lease:?})"
             )));
         }
+        if let Some(max) = max_hold {
+            if max < lease || min_hold.is_some_and(|min| max < min) {
+                return Err(LockError::Config(format!(
+                    "lock `{key}`: max_hold ({max:?}) must be at least the lease ({lease:?}){}",
+                    min_hold.map_or(String::new(), |m| format!(" and min_hold ({m:?})"))
+                )));
+            }
+        }
+        let bounds = Bounds { min_hold, max_hold };
         let scope = scope::current();
         if let Some(guard) = reenter(&client, &scope, &name, lease)? {
             return Ok(guard);
@@ -117,7 +164,15 @@ impl LockRequest {
             // owner, even if its answer never came.
             let may_queue = queue.stay.is_some();
             let sent_at = Instant::now();
-            let out = attempt(&client, &name, &owner, lease, queue, scope.clone()).await;
+            let out = attempt(
+                &client,
+                &name,
+                &owner,
+                (lease, bounds),
+                queue,
+                scope.clone(),
+            )
+            .await;
             let ttl = match out {
                 Ok(Attempt::Held(guard)) => {
                     unsure.pending = false;
@@ -247,7 +302,7 @@ impl LockRequest {
                 &client,
                 name.clone(),
                 owner.clone(),
-                lease,
+                (lease, bounds),
                 grant.fence,
                 from,
                 scope.clone(),
@@ -291,7 +346,7 @@ async fn attempt(
     client: &LockClient,
     name: &LockName,
     owner: &Arc<str>,
-    lease: Duration,
+    (lease, bounds): (Duration, Bounds),
     queue: Queue,
     scope: Option<Arc<Scope>>,
 ) -> Result<Attempt, Fault> {
@@ -304,7 +359,7 @@ async fn attempt(
             client,
             name.clone(),
             owner.clone(),
-            lease,
+            (lease, bounds),
             fence,
             sent_at,
             scope,
@@ -312,12 +367,20 @@ async fn attempt(
     }
 }
 
+/// How long a fresh hold lasts at least and at most (see
+/// [`LockRequest::min_hold`], [`LockRequest::max_hold`]).
+#[derive(Debug, Clone, Copy)]
+struct Bounds {
+    min_hold: Option<Duration>,
+    max_hold: Option<Duration>,
+}
+
 /// Turn a grant into a guard, unless it came back too late to be one.
 fn granted(
     client: &LockClient,
     name: LockName,
     owner: Arc<str>,
-    lease: Duration,
+    (lease, bounds): (Duration, Bounds),
     fence: u64,
     granted_at: Instant,
     scope: Option<Arc<Scope>>,
@@ -347,6 +410,7 @@ fn granted(
             lease,
         },
         granted_at,
+        bounds.max_hold.map(|max| granted_at + max),
     );
     let hold = Hold {
         client: client.clone(),
@@ -354,6 +418,7 @@ fn granted(
         owner,
         fence,
         held,
+        keep_until: bounds.min_hold.map(|min| granted_at + min),
     };
     Attempt::Held(LockGuard::fresh(hold, scope))
 }

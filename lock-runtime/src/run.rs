@@ -54,6 +54,29 @@ impl LockRequest {
         }
     }
 
+    /// [`run`](LockRequest::run), except that a lock still busy after the
+    /// request's `wait` is `Ok(None)` and the body does not run: what
+    /// `#[distributed_lock(on_busy = "skip")]` does, for a job scheduled on
+    /// every instance that only one of them should run.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), lock_runtime::LockError> {
+    /// let client = lock_runtime::LockClient::memory();
+    /// let held = client.lock("job:report").await?;
+    /// let ran = client.lock("job:report").run_or_skip(async { "ran" }).await?;
+    /// assert_eq!(ran, None); // another holder runs it now
+    /// held.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn run_or_skip<F: Future>(self, body: F) -> Result<Option<F::Output>, LockError> {
+        match self.run(body).await {
+            Ok(out) => Ok(Some(out)),
+            Err(LockError::Timeout { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     async fn run_in_scope<F: Future>(self, body: F) -> Result<F::Output, LockError> {
         let on_lost = self.on_lost;
         let guard = self.await?;

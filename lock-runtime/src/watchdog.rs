@@ -49,6 +49,8 @@ struct Entry {
     next_due: Instant,
     /// The lease runs out here unless a renewal succeeds.
     deadline: Instant,
+    /// `max_hold`: no renewal reaches past this, and the hold is lost here.
+    until: Option<Instant>,
     lost: Arc<LostSignal>,
     /// (tick number, place in that tick's batch): matches the tick's
     /// outcomes back without a lookup per lock.
@@ -117,6 +119,14 @@ fn interval(lease: Duration) -> Duration {
     (lease / 3).max(Duration::from_millis(1))
 }
 
+impl Entry {
+    /// When the task must next look at this entry.
+    fn due(&self) -> Instant {
+        let due = self.next_due.min(self.deadline);
+        self.until.map_or(due, |u| due.min(u))
+    }
+}
+
 impl Watchdog {
     pub(crate) fn new() -> Self {
         Watchdog {
@@ -140,19 +150,27 @@ impl Watchdog {
         backend: &Arc<Backend>,
         renewal: Renewal,
         granted_at: Instant,
+        until: Option<Instant>,
     ) -> Held {
         self.start(io, backend);
         let drift = backend.drift(renewal.lease);
-        self.insert(renewal, granted_at, drift)
+        self.insert(renewal, granted_at, drift, until)
     }
 
-    fn insert(&self, renewal: Renewal, granted_at: Instant, drift: Duration) -> Held {
+    fn insert(
+        &self,
+        renewal: Renewal,
+        granted_at: Instant,
+        drift: Duration,
+        until: Option<Instant>,
+    ) -> Held {
         let valid = renewal.lease.saturating_sub(drift);
         let key: EntryKey = (renewal.name.hash.clone(), renewal.owner.clone());
         let entry = Entry {
             id: self.shared.next_id.fetch_add(1, Ordering::Relaxed),
             next_due: granted_at + interval(renewal.lease),
             deadline: granted_at + valid,
+            until,
             lost: Arc::default(),
             renewal,
             slot: (0, 0),
@@ -162,7 +180,7 @@ impl Watchdog {
             id: entry.id,
             lost: entry.lost.clone(),
         };
-        let due = entry.next_due.min(entry.deadline);
+        let due = entry.due();
         let mut entries = self.shared.entries.lock().unwrap();
         // Owner ids are unique per acquisition: an entry under the same
         // key is a stale one, and its holder is told it lost the lock
@@ -234,7 +252,7 @@ async fn run(shared: Arc<Shared>, backend: Arc<Backend>) {
         }
         let next = {
             let entries = shared.entries.lock().unwrap();
-            let next = entries.values().map(|e| e.next_due.min(e.deadline)).min();
+            let next = entries.values().map(Entry::due).min();
             *shared.scheduled.lock().unwrap() = next;
             next
         };
@@ -258,13 +276,30 @@ async fn tick(shared: &Shared, backend: &Backend) {
         let mut entries = shared.entries.lock().unwrap();
         let mut batch = Vec::with_capacity(entries.len());
         let mut earliest = None::<Instant>;
-        for e in entries.values_mut() {
+        let mut ended = Vec::new();
+        for (key, e) in entries.iter_mut() {
+            // `max_hold` reached: renewals stop, and the hold is over.
+            let left = e.until.map(|u| u.saturating_duration_since(now));
+            if left.is_some_and(|l| l < Duration::from_millis(1)) {
+                tracing::warn!(key = %e.renewal.name.key, "lock held for its max_hold: renewals stop and the hold counts as lost");
+                e.lost.set();
+                ended.push(key.clone());
+                continue;
+            }
             // Everything that would fall due before its next tick goes now.
             if e.next_due <= now + interval(e.renewal.lease) || e.deadline <= now {
                 e.slot = (tick_no, batch.len() as u32);
-                batch.push(e.renewal.clone());
+                let mut renewal = e.renewal.clone();
+                if let Some(left) = left {
+                    // The last renewals end the lease at `max_hold`.
+                    renewal.lease = renewal.lease.min(left);
+                }
+                batch.push(renewal);
                 earliest = Some(earliest.map_or(e.deadline, |d: Instant| d.min(e.deadline)));
             }
+        }
+        for key in ended {
+            entries.remove(&key);
         }
         (batch, earliest)
     };
@@ -365,7 +400,7 @@ mod tests {
             owner: "o".into(),
             lease: short,
         };
-        let held = dog.insert(renewal, Instant::now(), Duration::ZERO);
+        let held = dog.insert(renewal, Instant::now(), Duration::ZERO, None);
         tokio::time::advance(interval(short)).await;
         let (shared, b) = (dog.shared.clone(), backend.clone());
         let ticking = tokio::spawn(async move { tick(&shared, &b).await });

@@ -1,0 +1,247 @@
+//! Scheduled jobs against a real `redis-server`: `on_busy = "skip"`,
+//! `min_hold` (lockAtLeastFor), `max_hold` (lockAtMostFor) and
+//! `try_acquire`, with the attribute on the global client and by hand.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use lock_runtime::{distributed_lock, LockClient, LockError};
+use tests::{eventually, global, unique};
+
+static RAN: AtomicU32 = AtomicU32::new(0);
+
+#[distributed_lock(key = "job:{name}", wait = "0s", on_busy = "skip")]
+async fn job(name: &str) -> Result<u32, LockError> {
+    let _ = name;
+    Ok(RAN.fetch_add(1, Ordering::SeqCst) + 1)
+}
+
+#[distributed_lock(key = "hung:{name}", lease = "600ms", max_hold = "900ms")]
+async fn hung(name: &str) -> Result<(), LockError> {
+    let _ = name;
+    std::future::pending::<()>().await;
+    Ok(())
+}
+
+fn lock_key(key: &str) -> String {
+    format!("lock:{{{key}}}")
+}
+
+#[tokio::test]
+async fn a_busy_job_is_skipped_with_the_default_value_and_its_body_does_not_run() {
+    let server = global::redis().await;
+    let client = lock_runtime::client().unwrap();
+    let name = unique("nightly");
+    let other = client.lock(format!("job:{name}")).await.unwrap();
+    let before = RAN.load(Ordering::SeqCst);
+    assert_eq!(job(&name).await.unwrap(), 0, "skipped: u32::default()");
+    assert_eq!(
+        RAN.load(Ordering::SeqCst),
+        before,
+        "the body ran while busy"
+    );
+    // The other instance's lock is untouched.
+    assert!(server.exists(&lock_key(&format!("job:{name}"))));
+    other.release().await.unwrap();
+    assert!(
+        job(&name).await.unwrap() > before,
+        "free again: the body runs"
+    );
+}
+
+#[tokio::test]
+async fn try_acquire_says_none_when_busy_and_leaves_nothing_behind_when_dropped() {
+    let server = global::redis().await;
+    let client = lock_runtime::client().unwrap();
+    let key = unique("try");
+    let held = client
+        .lock(&key)
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("free");
+    assert!(client.lock(&key).try_acquire().await.unwrap().is_none());
+    assert!(client
+        .lock(&key)
+        .wait(Duration::from_millis(50))
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_none());
+    held.release().await.unwrap();
+    // Dropped while it may have been granted: no lock is left behind.
+    for _ in 0..20 {
+        let fut = client.lock(&key).try_acquire();
+        let _ = tokio::time::timeout(Duration::from_micros(50), fut).await;
+    }
+    assert!(
+        eventually(Duration::from_secs(5), || !server.exists(&lock_key(&key))).await,
+        "a dropped try_acquire left its lock behind"
+    );
+}
+
+#[tokio::test]
+async fn min_hold_leaves_the_lock_to_expire_and_a_later_release_deletes_it() {
+    let server = global::redis().await;
+    let client = lock_runtime::client().unwrap();
+    let key = unique("min-hold");
+    let taken = Instant::now();
+    let guard = client
+        .lock(&key)
+        .lease(Duration::from_secs(30))
+        .min_hold(Duration::from_secs(3))
+        .await
+        .unwrap();
+    guard.release().await.unwrap();
+    let name = lock_key(&key);
+    let pttl: i64 = server.cmd(&["PTTL", &name]);
+    let bound = 3000 - taken.elapsed().as_millis() as i64;
+    assert!(
+        pttl > 0 && pttl <= bound + 50,
+        "after an early release the lock expires at min_hold: pttl {pttl} ms, at most {bound} ms"
+    );
+    // Nothing renews it: its TTL only goes down, and it is busy meanwhile.
+    assert!(client.lock(&key).try_acquire().await.unwrap().is_none());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let later: i64 = server.cmd(&["PTTL", &name]);
+    assert!(later > 0 && later < pttl, "pttl {pttl} then {later}");
+
+    // Released after min_hold: deleted as usual.
+    let key2 = unique("min-hold-past");
+    let guard = client
+        .lock(&key2)
+        .min_hold(Duration::from_millis(100))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    guard.release().await.unwrap();
+    assert!(!server.exists(&lock_key(&key2)));
+}
+
+#[tokio::test]
+async fn a_waiter_queued_behind_a_min_hold_gets_the_lock_when_it_lapses() {
+    global::redis().await;
+    let client = lock_runtime::client().unwrap();
+    let key = unique("min-hold-queue");
+    let guard = client
+        .lock(&key)
+        .min_hold(Duration::from_millis(800))
+        .await
+        .unwrap();
+    let waiter = {
+        let (client, key) = (client.clone(), key.clone());
+        tokio::spawn(async move {
+            let t = Instant::now();
+            let g = client.lock(&key).wait(Duration::from_secs(10)).await;
+            (g, t.elapsed())
+        })
+    };
+    // The waiter is queued before the release.
+    assert!(eventually(Duration::from_secs(5), || client.waiting(&key) > 0).await);
+    guard.release().await.unwrap();
+    let (g, waited) = waiter.await.unwrap();
+    let g = g.expect("the waiter gets the lock once min_hold lapses");
+    assert!(
+        waited >= Duration::from_millis(400),
+        "taken {waited:?} after asking: before min_hold was over"
+    );
+    g.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_dropped_guard_with_min_hold_leaves_the_lock_to_expire_at_min_hold() {
+    // The drop path ends the hold in the background: a compare-and-expire,
+    // not a delete.
+    let server = global::redis().await;
+    let client = lock_runtime::client().unwrap();
+    let key = unique("min-hold-twice");
+    let taken = Instant::now();
+    let guard = client
+        .lock(&key)
+        .min_hold(Duration::from_millis(1500))
+        .await
+        .unwrap();
+    drop(guard); // background: compare-and-expire
+    let name = lock_key(&key);
+    assert!(
+        eventually(Duration::from_secs(2), || {
+            let pttl: i64 = server.cmd(&["PTTL", &name]);
+            pttl > 0 && pttl <= 1550
+        })
+        .await,
+        "a dropped guard with min_hold left its lock to expire at min_hold"
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || !server.exists(&name)).await,
+        "the lock did not lapse"
+    );
+    assert!(taken.elapsed() >= Duration::from_millis(1400));
+}
+
+#[tokio::test]
+async fn max_hold_stops_renewal_and_the_body_ends_with_lost() {
+    let server = global::redis().await;
+    let name = unique("hung");
+    let t = Instant::now();
+    let out = tokio::time::timeout(Duration::from_secs(10), hung(&name)).await;
+    let took = t.elapsed();
+    match out {
+        Ok(Err(LockError::Lost { .. })) => {}
+        other => panic!("a hung body past max_hold must end with Lost: {other:?}"),
+    }
+    // Lost at max_hold (900 ms): renewals ran (the lease is 600 ms) but not
+    // past it.
+    assert!(
+        took >= Duration::from_millis(850) && took < Duration::from_secs(5),
+        "ended after {took:?}"
+    );
+    assert!(
+        eventually(Duration::from_secs(2), || !server
+            .exists(&lock_key(&format!("hung:{name}"))))
+        .await,
+        "the lock outlived max_hold"
+    );
+}
+
+#[tokio::test]
+async fn max_hold_below_the_lease_is_a_config_error() {
+    let client = LockClient::memory();
+    let e = client
+        .lock("k")
+        .lease(Duration::from_secs(30))
+        .max_hold(Duration::from_secs(10))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, LockError::Config(_)), "{e:?}");
+}
+
+#[tokio::test]
+async fn in_memory_the_same_bounds_hold() {
+    let client = LockClient::memory();
+    let guard = client
+        .lock("mem-job")
+        .min_hold(Duration::from_millis(500))
+        .await
+        .unwrap();
+    guard.release().await.unwrap();
+    assert!(client
+        .lock("mem-job")
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_none());
+    let t = Instant::now();
+    let g = client
+        .lock("mem-job")
+        .wait(Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(t.elapsed() >= Duration::from_millis(300));
+    g.release().await.unwrap();
+    let skipped = client
+        .lock("mem-job")
+        .run_or_skip(async { 1 })
+        .await
+        .unwrap();
+    assert_eq!(skipped, Some(1));
+}
