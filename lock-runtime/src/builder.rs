@@ -3,6 +3,7 @@ use std::time::Duration;
 
 use tokio::runtime::Handle;
 
+#[cfg(feature = "cluster")]
 use crate::backend::cluster;
 use crate::backend::fault::Fault;
 use crate::backend::memory::MemoryBackend;
@@ -171,7 +172,31 @@ impl LockClientBuilder {
         .await
     }
 
+    /// Connect to the deployment the environment names, the twelve-factor
+    /// way: `LOCK_REDIS_URL` (one Redis), `LOCK_REDIS_SENTINELS`
+    /// (comma-separated) with `LOCK_REDIS_MASTER` (Sentinel),
+    /// `LOCK_REDIS_CLUSTER` (comma-separated seed nodes) or
+    /// `LOCK_REDIS_REDLOCK` (comma-separated masters); if none of them is
+    /// set, `REDIS_URL` (one Redis). Exactly one deployment may be named:
+    /// none, two, or a Sentinel list without its master is
+    /// [`LockError::Config`] naming the variables.
+    pub async fn from_env(self) -> Result<LockClient, LockError> {
+        match Deployment::from_env(|k| std::env::var(k).ok())? {
+            Deployment::One(url) => self.connect(&url).await,
+            Deployment::Sentinel(urls, master) => self.sentinel(urls, &master).await,
+            #[cfg(feature = "cluster")]
+            Deployment::Cluster(urls) => self.cluster(urls).await,
+            #[cfg(not(feature = "cluster"))]
+            Deployment::Cluster(_) => Err(LockError::Config(
+                "LOCK_REDIS_CLUSTER is set, but lock-runtime was built without its `cluster` feature".into(),
+            )),
+            Deployment::Redlock(urls) => self.redlock(urls).await,
+        }
+    }
+
     /// A Redis Cluster; see [`LockClient::cluster`].
+    #[cfg(feature = "cluster")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
     pub async fn cluster(
         self,
         urls: impl IntoIterator<Item = impl AsRef<str>>,
@@ -249,4 +274,138 @@ where
 
 fn owned(urls: impl IntoIterator<Item = impl AsRef<str>>) -> Vec<String> {
     urls.into_iter().map(|u| u.as_ref().to_owned()).collect()
+}
+
+/// A deployment named by environment variables (see
+/// [`LockClientBuilder::from_env`]).
+#[derive(Debug, PartialEq, Eq)]
+enum Deployment {
+    One(String),
+    Sentinel(Vec<String>, String),
+    Cluster(Vec<String>),
+    Redlock(Vec<String>),
+}
+
+const ENV_VARS: &str =
+    "LOCK_REDIS_URL, LOCK_REDIS_SENTINELS + LOCK_REDIS_MASTER, LOCK_REDIS_CLUSTER, LOCK_REDIS_REDLOCK or REDIS_URL";
+
+impl Deployment {
+    fn from_env(var: impl Fn(&str) -> Option<String>) -> Result<Deployment, LockError> {
+        let var = |k: &str| var(k).filter(|v| !v.trim().is_empty());
+        let list = |v: String| -> Vec<String> {
+            v.split(',')
+                .map(|s| s.trim().to_owned())
+                .filter(|s| !s.is_empty())
+                .collect()
+        };
+        let master = var("LOCK_REDIS_MASTER");
+        let mut named = Vec::new();
+        if let Some(url) = var("LOCK_REDIS_URL") {
+            named.push(("LOCK_REDIS_URL", Deployment::One(url.trim().to_owned())));
+        }
+        if let Some(urls) = var("LOCK_REDIS_SENTINELS") {
+            let Some(master) = master.clone() else {
+                return Err(LockError::Config(
+                    "LOCK_REDIS_SENTINELS is set but LOCK_REDIS_MASTER (the master name the sentinels monitor) is not".into(),
+                ));
+            };
+            named.push((
+                "LOCK_REDIS_SENTINELS",
+                Deployment::Sentinel(list(urls), master.trim().to_owned()),
+            ));
+        } else if master.is_some() {
+            return Err(LockError::Config(
+                "LOCK_REDIS_MASTER is set but LOCK_REDIS_SENTINELS (the sentinels' URLs) is not"
+                    .into(),
+            ));
+        }
+        if let Some(urls) = var("LOCK_REDIS_CLUSTER") {
+            named.push(("LOCK_REDIS_CLUSTER", Deployment::Cluster(list(urls))));
+        }
+        if let Some(urls) = var("LOCK_REDIS_REDLOCK") {
+            named.push(("LOCK_REDIS_REDLOCK", Deployment::Redlock(list(urls))));
+        }
+        match named.len() {
+            // REDIS_URL is often set for other reasons: it counts only
+            // when no variable of ours names a deployment.
+            0 => var("REDIS_URL")
+                .map(|url| Deployment::One(url.trim().to_owned()))
+                .ok_or_else(|| {
+                    LockError::Config(format!(
+                        "no Redis deployment in the environment: set one of {ENV_VARS}"
+                    ))
+                }),
+            1 => Ok(named.pop().expect("one").1),
+            _ => Err(LockError::Config(format!(
+                "the environment names more than one Redis deployment ({}): keep one",
+                named.iter().map(|(k, _)| *k).collect::<Vec<_>>().join(", ")
+            ))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn from(vars: &[(&str, &str)]) -> Result<Deployment, LockError> {
+        Deployment::from_env(|k| {
+            vars.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        })
+    }
+
+    #[test]
+    fn the_environment_names_one_deployment() {
+        assert_eq!(
+            from(&[("LOCK_REDIS_URL", "redis://a"), ("REDIS_URL", "redis://b")]).unwrap(),
+            Deployment::One("redis://a".into())
+        );
+        assert_eq!(
+            from(&[("REDIS_URL", "redis://b")]).unwrap(),
+            Deployment::One("redis://b".into())
+        );
+        assert_eq!(
+            from(&[
+                ("LOCK_REDIS_SENTINELS", "redis://s1, redis://s2"),
+                ("LOCK_REDIS_MASTER", "m"),
+                ("REDIS_URL", "redis://b")
+            ])
+            .unwrap(),
+            Deployment::Sentinel(vec!["redis://s1".into(), "redis://s2".into()], "m".into())
+        );
+        assert_eq!(
+            from(&[("LOCK_REDIS_CLUSTER", "redis://c1,redis://c2,")]).unwrap(),
+            Deployment::Cluster(vec!["redis://c1".into(), "redis://c2".into()])
+        );
+        assert_eq!(
+            from(&[("LOCK_REDIS_REDLOCK", "redis://r1,redis://r2,redis://r3")]).unwrap(),
+            Deployment::Redlock(vec![
+                "redis://r1".into(),
+                "redis://r2".into(),
+                "redis://r3".into()
+            ])
+        );
+    }
+
+    #[test]
+    fn none_two_or_half_a_sentinel_setting_is_a_config_error() {
+        let msg = |vars: &[(&str, &str)]| match from(vars) {
+            Err(LockError::Config(m)) => m,
+            other => panic!("{other:?}"),
+        };
+        assert!(msg(&[]).contains("LOCK_REDIS_URL"));
+        assert!(msg(&[("LOCK_REDIS_URL", "  ")]).contains("no Redis deployment"));
+        let two = msg(&[
+            ("LOCK_REDIS_URL", "redis://a"),
+            ("LOCK_REDIS_CLUSTER", "redis://c"),
+        ]);
+        assert!(two.contains("LOCK_REDIS_URL, LOCK_REDIS_CLUSTER"), "{two}");
+        assert!(msg(&[("LOCK_REDIS_SENTINELS", "redis://s")]).contains("LOCK_REDIS_MASTER"));
+        assert!(
+            msg(&[("LOCK_REDIS_MASTER", "m"), ("LOCK_REDIS_URL", "redis://a")])
+                .contains("LOCK_REDIS_SENTINELS")
+        );
+    }
 }

@@ -30,6 +30,24 @@ use crate::{LockClientBuilder, LockError};
 /// guard.release().await?;
 /// # Ok(()) }
 /// ```
+///
+/// The in-process client has the same semantics (queue, fencing, leases):
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), lock_runtime::LockError> {
+/// use lock_runtime::{LockClient, LockError};
+///
+/// let client = LockClient::memory();
+/// let first = client.lock("order:42").await?;
+/// // Busy: a second holder gives up after `wait` (0 by default).
+/// assert!(matches!(client.lock("order:42").await, Err(LockError::Timeout { .. })));
+/// let fence = first.fence();
+/// first.release().await?;
+/// let second = client.lock("order:42").await?;
+/// assert!(second.fence() > fence);
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct LockClient {
     pub(crate) inner: Arc<Inner>,
@@ -53,8 +71,8 @@ impl Drop for Inner {
 
 /// The clients of this process by id: a grant message names its client by
 /// id, and the client it names releases a grant nobody claimed.
-static CLIENTS: once_cell::sync::Lazy<Mutex<HashMap<Arc<str>, Weak<Inner>>>> =
-    once_cell::sync::Lazy::new(Mutex::default);
+static CLIENTS: std::sync::LazyLock<Mutex<HashMap<Arc<str>, Weak<Inner>>>> =
+    std::sync::LazyLock::new(Mutex::default);
 
 /// A grant (on `channel`, for `owner`) that reached no waiter. It is kept
 /// for a waiter about to register; if none claims it within
@@ -167,6 +185,21 @@ impl LockClient {
         Self::builder().redlock(urls).await
     }
 
+    /// Connect to the deployment the environment names (`LOCK_REDIS_URL`,
+    /// `LOCK_REDIS_SENTINELS` + `LOCK_REDIS_MASTER`, `LOCK_REDIS_CLUSTER`,
+    /// `LOCK_REDIS_REDLOCK`, else `REDIS_URL`); see
+    /// [`LockClientBuilder::from_env`](crate::LockClientBuilder::from_env).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lock_runtime::LockError> {
+    /// // LOCK_REDIS_URL=rediss://app:pw@redis.internal:6380
+    /// let client = lock_runtime::LockClient::from_env().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn from_env() -> Result<LockClient, LockError> {
+        Self::builder().from_env().await
+    }
+
     /// A Redis Cluster, reached through any of its nodes. A lock's hash,
     /// fence counter and channel share one slot; the client follows
     /// MOVED/ASK redirects and failovers.
@@ -176,6 +209,8 @@ impl LockClient {
     /// let client = lock_runtime::LockClient::cluster(["redis://10.0.0.1:7000"]).await?;
     /// # Ok(()) }
     /// ```
+    #[cfg(feature = "cluster")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
     pub async fn cluster(
         urls: impl IntoIterator<Item = impl AsRef<str>>,
     ) -> Result<LockClient, LockError> {

@@ -1,8 +1,8 @@
-use once_cell::sync::OnceCell;
+use std::sync::OnceLock;
 
 use crate::{LockClient, LockError};
 
-static GLOBAL: OnceCell<LockClient> = OnceCell::new();
+static GLOBAL: OnceLock<LockClient> = OnceLock::new();
 
 /// Install the client that `#[distributed_lock]` functions use. Call once at
 /// start-up; a second call is `Err(AlreadyInitialized)`.

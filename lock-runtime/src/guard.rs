@@ -49,6 +49,18 @@ impl Hold {
 /// [`release`](LockGuard::release) it to learn whether it was held to the
 /// end; dropping it releases in the background. Guards that re-entered a
 /// lock share its one acquisition: only the last one out releases it.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), lock_runtime::LockError> {
+/// let client = lock_runtime::LockClient::memory();
+/// let guard = client.lock("invoice:9").await?;
+/// // Send the token with every write; the store rejects older ones.
+/// let token = guard.fence();
+/// assert!(token > 0 && !guard.is_lost());
+/// guard.release().await?; // Err(Lost) had the lock expired meanwhile
+/// # Ok(()) }
+/// ```
 #[must_use = "dropping the guard releases the lock at once"]
 pub struct LockGuard {
     hold: Arc<Hold>,

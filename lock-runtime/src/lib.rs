@@ -4,7 +4,7 @@
 //! reentrant lock that a watchdog keeps alive and that is released on every
 //! exit — return, `?`, panic or cancellation:
 //!
-//! ```no_run
+//! ```
 //! use lock_runtime::{distributed_lock, LockClient, LockError};
 //!
 //! #[derive(Debug)]
@@ -20,8 +20,11 @@
 //!     Ok(())
 //! }
 //!
-//! # async fn start() -> Result<(), AppError> {
-//! lock_runtime::init(LockClient::connect("redis://127.0.0.1:6379").await?)?;
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), AppError> {
+//! // At start-up: `LockClient::connect("redis://127.0.0.1:6379").await?` (or
+//! // `LockClient::from_env()`); in-process here, with the same semantics.
+//! lock_runtime::init(LockClient::memory())?;
 //! pay(42).await?;
 //! # Ok(()) }
 //! ```
@@ -106,6 +109,30 @@ pub use client::LockClient;
 pub use error::{BackendError, LockError};
 pub use global::{client, init};
 pub use guard::LockGuard;
+/// ```
+/// use lock_runtime::{distributed_lock, LockClient, LockError};
+///
+/// #[distributed_lock(key = "order:{id}", lease = "30s", wait = "5s")]
+/// async fn pay(id: u64) -> Result<u64, LockError> {
+///     // Runs only under the lock; its token is this body's.
+///     Ok(lock_runtime::current_fence().expect("held"))
+/// }
+///
+/// #[distributed_lock(key = "job:report", wait = "0s", on_busy = "skip")]
+/// async fn report() -> Result<u32, LockError> {
+///     Ok(1)
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), LockError> {
+/// lock_runtime::init(LockClient::memory())?;
+/// assert!(pay(42).await? > 0);
+/// let other = lock_runtime::client()?.lock("job:report").await?;
+/// assert_eq!(report().await?, 0); // busy: skipped, u32::default()
+/// other.release().await?;
+/// assert_eq!(report().await?, 1);
+/// # Ok(()) }
+/// ```
 pub use lock_macros::distributed_lock;
 pub use request::LockRequest;
 pub use run::OnLost;

@@ -27,6 +27,25 @@ const MAX_LEASE: Duration = Duration::from_secs(366 * 24 * 3600);
 /// message is lost. A failed attempt (connection cut, no answer) is tried
 /// again while `wait` has time left; an attempt whose answer was lost and
 /// that is not followed by a settled one is taken back.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), lock_runtime::LockError> {
+/// use std::time::Duration;
+///
+/// let client = lock_runtime::LockClient::memory();
+/// let held = client.lock("stock:7").lease(Duration::from_secs(10)).await?;
+/// // Queued behind `held`, handed the lock when it is released.
+/// let waiter = tokio::spawn({
+///     let client = client.clone();
+///     async move { client.lock("stock:7").wait(Duration::from_secs(5)).await }
+/// });
+/// held.release().await?;
+/// let next = waiter.await.unwrap()?;
+/// assert_eq!(next.key(), "stock:7");
+/// next.release().await?;
+/// # Ok(()) }
+/// ```
 #[must_use = "a lock request does nothing until awaited"]
 pub struct LockRequest {
     pub(crate) client: LockClient,

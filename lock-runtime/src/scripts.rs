@@ -6,13 +6,13 @@ use redis::{Cmd, ErrorKind, RedisError};
 pub(crate) struct Script {
     pub(crate) name: &'static str,
     pub(crate) source: &'static str,
-    pub(crate) sha: &'static once_cell::sync::Lazy<String>,
+    pub(crate) sha: &'static std::sync::LazyLock<String>,
 }
 
 macro_rules! script {
     ($ident:ident, $sha:ident, $file:literal) => {
-        static $sha: once_cell::sync::Lazy<String> =
-            once_cell::sync::Lazy::new(|| redis::Script::new($ident.source).get_hash().to_owned());
+        static $sha: std::sync::LazyLock<String> =
+            std::sync::LazyLock::new(|| redis::Script::new($ident.source).get_hash().to_owned());
         pub(crate) static $ident: Script = Script {
             name: $file,
             source: include_str!(concat!("../scripts/", $file)),

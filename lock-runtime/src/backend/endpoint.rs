@@ -76,6 +76,7 @@ pub(crate) fn client(info: ConnectionInfo, access: &Access) -> Result<redis::Cli
     redis::Client::open(info).map_err(|e| Fault::Config(format!("bad Redis settings: {e}")))
 }
 
+#[cfg(feature = "cluster")]
 /// A Redis Cluster client's builder over `urls`, trusting the client's
 /// private CA if it has one.
 pub(crate) fn cluster(
@@ -97,6 +98,7 @@ pub(crate) fn cluster(
     Ok(builder)
 }
 
+#[cfg(feature = "cluster")]
 /// The nodes of `urls`, for messages (passwords replaced).
 pub(crate) fn shown(urls: &[String]) -> String {
     urls.iter()

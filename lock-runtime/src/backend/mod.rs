@@ -8,6 +8,7 @@ use crate::key::LockName;
 use crate::wakeups::Waiter;
 use fault::Fault;
 
+#[cfg(feature = "cluster")]
 pub(crate) mod cluster;
 pub(crate) mod endpoint;
 pub(crate) mod fault;
@@ -97,6 +98,7 @@ pub(crate) enum Renewed {
 pub(crate) enum Backend {
     Memory(memory::MemoryBackend),
     Redis(redis::RedisBackend),
+    #[cfg(feature = "cluster")]
     Cluster(cluster::ClusterBackend),
     Sentinel(sentinel::SentinelBackend),
     Redlock(redlock::RedlockBackend),
@@ -111,6 +113,7 @@ macro_rules! each {
         match $b {
             Backend::Memory($x) => $call,
             Backend::Redis($x) => $call,
+            #[cfg(feature = "cluster")]
             Backend::Cluster($x) => $call,
             Backend::Sentinel($x) => $call,
             Backend::Redlock($x) => $call,
@@ -174,6 +177,7 @@ impl Backend {
         match self {
             Backend::Memory(b) => b.still_queued(name, owner).await,
             Backend::Redis(b) => b.still_queued(name, owner).await,
+            #[cfg(feature = "cluster")]
             Backend::Cluster(b) => b.still_queued(name, owner).await,
             Backend::Sentinel(b) => b.still_queued(name, owner).await,
             Backend::Redlock(_) => Ok(true),

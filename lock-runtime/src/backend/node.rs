@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+#[cfg(feature = "cluster")]
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ConnectionInfo, FromRedisValue, Pipeline};
 
@@ -70,6 +71,7 @@ pub(crate) struct RedisNode {
 #[derive(Clone)]
 enum Conn {
     Single(ConnectionManager),
+    #[cfg(feature = "cluster")]
     Cluster(ClusterConnection),
 }
 
@@ -152,6 +154,16 @@ impl RedisNode {
         }
     }
 
+    /// Whether this runs over a Redis Cluster connection.
+    fn is_cluster(&self) -> bool {
+        match self.conn {
+            Conn::Single(_) => false,
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(_) => true,
+        }
+    }
+
+    #[cfg(feature = "cluster")]
     /// Run the protocol over a cluster connection (see `cluster.rs`,
     /// which makes it): commands are routed by key.
     pub(crate) fn on_cluster(
@@ -201,6 +213,7 @@ impl RedisNode {
         let fut = async {
             match &mut conn {
                 Conn::Single(c) => send(&q, c).await,
+                #[cfg(feature = "cluster")]
                 Conn::Cluster(c) => send(&q, c).await,
             }
         };
@@ -378,6 +391,7 @@ impl RedisNode {
             Wake::Never => "n",
         };
         let publish = match self.conn {
+            #[cfg(feature = "cluster")]
             Conn::Cluster(_) => "spublish",
             Conn::Single(_) => "publish",
         };
@@ -396,7 +410,7 @@ impl RedisNode {
             _ if repeated => Released::Freed,
             // The cluster client re-sends a command whose connection broke
             // on its own, so there an absent lock may be that too.
-            0 if matches!(self.conn, Conn::Cluster(_)) => Released::Freed,
+            0 if self.is_cluster() => Released::Freed,
             _ => Released::NotOwner,
         })
     }
@@ -430,7 +444,7 @@ impl RedisNode {
     /// Renew a batch in one pipelined round trip (one script call per lock
     /// on a cluster, where the locks live in different slots).
     pub(crate) async fn renew(&self, batch: &[Renewal]) -> Vec<Renewed> {
-        if let Conn::Cluster(_) = self.conn {
+        if self.is_cluster() {
             return futures_util::future::join_all(batch.iter().map(|r| self.renew_one(r))).await;
         }
         let op = self.settings.op_timeout;
