@@ -54,6 +54,8 @@ pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
     let key_span = args.key.span();
     let format = syn::LitStr::new(&template.format, key_span);
     let key_args = template.args(key_span);
+    // Metrics and spans name the lock by its template, never the key.
+    let template_name = syn::LitStr::new(&args.key.value(), key_span);
     let millis = |method: &str, d: Option<std::time::Duration>| match d {
         // Sub-millisecond waits round up: "try once" stays zero.
         Some(d) => {
@@ -129,6 +131,7 @@ pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
         match #krate::client() {
             ::core::result::Result::Ok(#client) => match #client
                 .lock(#key_var)
+                .name(#template_name)
                 .on_lost(#on_lost)
                 #lease
                 #wait

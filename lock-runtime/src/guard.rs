@@ -1,3 +1,4 @@
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -6,6 +7,7 @@ use tokio::time::Instant;
 use crate::backend::fault::Fault;
 use crate::backend::{Backend, Released, Renewal, Renewed};
 use crate::key::LockName;
+use crate::metrics;
 use crate::scope::Scope;
 use crate::watchdog::Held;
 use crate::{LockClient, LockError};
@@ -20,6 +22,10 @@ pub(crate) struct Hold {
     pub(crate) held: Held,
     /// `min_hold`: a release before this leaves the lock to expire here.
     pub(crate) keep_until: Option<Instant>,
+    /// When the acquire was sent: the lease counts from here.
+    pub(crate) acquired_at: Instant,
+    /// What metrics call this lock.
+    pub(crate) label: Cow<'static, str>,
 }
 
 impl Hold {
@@ -66,6 +72,8 @@ pub struct LockGuard {
     hold: Arc<Hold>,
     scope: Option<Arc<Scope>>,
     done: bool,
+    /// Re-entered an outer hold rather than acquired.
+    reentry: bool,
 }
 
 impl LockGuard {
@@ -80,6 +88,7 @@ impl LockGuard {
             hold,
             scope,
             done: false,
+            reentry: false,
         }
     }
 
@@ -89,7 +98,18 @@ impl LockGuard {
             hold,
             scope: Some(scope),
             done: false,
+            reentry: true,
         }
+    }
+
+    /// Whether this guard re-entered a hold of its scope.
+    pub(crate) fn is_reentry(&self) -> bool {
+        self.reentry
+    }
+
+    /// What metrics and spans call this lock.
+    pub(crate) fn label(&self) -> &str {
+        &self.hold.label
     }
 
     /// The fencing token: strictly increasing per key across all clients.
@@ -155,7 +175,13 @@ impl LockGuard {
         };
         unfinished.done();
         match out {
-            Ok(Released::NotOwner) => Err(self.lost_error()),
+            Ok(Released::NotOwner) => {
+                if !was_lost {
+                    // Found out only now: lost before the release.
+                    metrics::lost(&hold.label);
+                }
+                Err(self.lost_error())
+            }
             Ok(_) if was_lost => Err(self.lost_error()),
             Ok(Released::Freed) => {
                 tracing::debug!(key = %hold.name.key, "lock released");
@@ -182,7 +208,12 @@ impl LockGuard {
                 return None;
             }
         }
-        Some(hold.client.inner.watchdog.leave(&hold.held).was_lost)
+        let was_lost = hold.client.inner.watchdog.leave(&hold.held).was_lost;
+        if was_lost {
+            metrics::lost(&hold.label);
+        }
+        metrics::held(&hold.label, hold.acquired_at.elapsed());
+        Some(was_lost)
     }
 }
 

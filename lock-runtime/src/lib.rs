@@ -81,6 +81,39 @@
 //!   tests only). Without it a `rediss://` URL is a [`LockError::Config`]
 //!   that says to enable it. ACL users work with or without it:
 //!   `redis://user:password@host:port`.
+//! - `cluster` (default): Redis Cluster, `LockClient::cluster`.
+//! - `metrics`: lock figures through the [`metrics`](https://docs.rs/metrics)
+//!   facade, each with the label `lock` (the attribute's key template as
+//!   written, or [`LockRequest::name`], default `"manual"`; never the
+//!   formatted key): `distributed_lock_acquired_total` (fresh acquisitions,
+//!   not reentries), `distributed_lock_busy_total` (gave up busy: `Timeout`,
+//!   skipped), `distributed_lock_lost_total` (holds lost while held),
+//!   `distributed_lock_acquire_seconds` (request to guard, waiting included)
+//!   and `distributed_lock_held_seconds` (acquisition to release).
+//! - `axum`: `LockError` implements `axum::response::IntoResponse`:
+//!   `Timeout` is 503 with `Retry-After` (at least 1 s, about as long as the
+//!   call waited); `Lost` is 503 too (the work lost its exclusivity midway
+//!   and was stopped: nothing is wrong with the request, so not a 409, and
+//!   an idempotent handler may be retried); anything else is 500. The body
+//!   is `{"error": "lock_busy" | "lock_lost" | "lock_unavailable", "key",
+//!   "message"}`.
+//!
+//! ```ignore
+//! // features = ["axum"]
+//! async fn pay(State(client): State<LockClient>, Path(id): Path<u64>) -> Result<String, LockError> {
+//!     let guard = client.lock(format!("order:{id}")).wait(Duration::from_secs(2)).await?;
+//!     // … charge once …
+//!     guard.release().await?;
+//!     Ok("paid".into())
+//! }
+//! let app = Router::new().route("/pay/{id}", post(pay)).with_state(client);
+//! ```
+//!
+//! # Tracing
+//! Every request runs in a `lock.acquire` span (`key`, `lock`, `wait_ms`,
+//! then `outcome` and `fence`), and a body under [`LockRequest::run`] (the
+//! attribute) in a `lock.hold` span: a slow request's trace shows the time
+//! it waited for its lock and the time it held it.
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -92,7 +125,11 @@ mod global;
 mod guard;
 mod io;
 mod key;
+mod metrics;
 mod request;
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+mod response;
 mod run;
 mod scope;
 mod scripts;

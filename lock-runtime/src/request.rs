@@ -1,14 +1,17 @@
+use std::borrow::Cow;
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::backend::fault::Fault;
 use crate::backend::{Acquired, Queue, Queued, Renewal};
 use crate::guard::Hold;
 use crate::key::LockName;
+use crate::metrics;
 use crate::scope::{self, Reentry, Scope};
 use crate::wakeups::{Stamp, Waiter, Woken};
 use crate::{LockClient, LockError, LockGuard, OnLost};
@@ -55,6 +58,9 @@ pub struct LockRequest {
     pub(crate) on_lost: OnLost,
     min_hold: Option<Duration>,
     max_hold: Option<Duration>,
+    /// What metrics and spans call this lock: the attribute's key template,
+    /// or the name given by hand.
+    label: Cow<'static, str>,
 }
 
 impl LockRequest {
@@ -67,7 +73,17 @@ impl LockRequest {
             on_lost: OnLost::default(),
             min_hold: None,
             max_hold: None,
+            label: Cow::Borrowed("manual"),
         }
+    }
+
+    /// What metrics (label `lock`) and tracing spans call this lock:
+    /// `#[distributed_lock]` passes its key template as written
+    /// (`"order:{id}"`); by hand, default `"manual"`. Never the formatted
+    /// key, whose values are unbounded.
+    pub fn name(mut self, name: impl Into<Cow<'static, str>>) -> Self {
+        self.label = name.into();
+        self
     }
 
     /// TTL set in Redis; the watchdog renews it every lease/3.
@@ -114,7 +130,41 @@ impl LockRequest {
         }
     }
 
+    /// Acquire inside a `lock.acquire` span, and count the outcome.
     async fn acquire(self) -> Result<LockGuard, LockError> {
+        let label = self.label.clone();
+        let span = tracing::info_span!(
+            "lock.acquire",
+            key = %self.key,
+            lock = %label,
+            wait_ms = self.wait.map(|w| w.as_millis() as u64),
+            outcome = tracing::field::Empty,
+            fence = tracing::field::Empty,
+        );
+        let started = Instant::now();
+        let out = self.acquire_in_span().instrument(span.clone()).await;
+        match &out {
+            Ok(guard) if guard.is_reentry() => {
+                span.record("outcome", "reentered");
+                span.record("fence", guard.fence());
+            }
+            Ok(guard) => {
+                span.record("outcome", "acquired");
+                span.record("fence", guard.fence());
+                metrics::acquired(&label, started.elapsed());
+            }
+            Err(LockError::Timeout { .. }) => {
+                span.record("outcome", "busy");
+                metrics::busy(&label);
+            }
+            Err(_) => {
+                span.record("outcome", "failed");
+            }
+        }
+        out
+    }
+
+    async fn acquire_in_span(self) -> Result<LockGuard, LockError> {
         let LockRequest {
             client,
             key,
@@ -122,6 +172,7 @@ impl LockRequest {
             wait,
             min_hold,
             max_hold,
+            label,
             ..
         } = self;
         let cfg = &client.inner.config;
@@ -141,7 +192,11 @@ impl LockRequest {
                 )));
             }
         }
-        let bounds = Bounds { min_hold, max_hold };
+        let bounds = Bounds {
+            min_hold,
+            max_hold,
+            label,
+        };
         let scope = scope::current();
         if let Some(guard) = reenter(&client, &scope, &name, lease)? {
             return Ok(guard);
@@ -187,7 +242,7 @@ impl LockRequest {
                 &client,
                 &name,
                 &owner,
-                (lease, bounds),
+                (lease, bounds.clone()),
                 queue,
                 scope.clone(),
             )
@@ -321,7 +376,7 @@ impl LockRequest {
                 &client,
                 name.clone(),
                 owner.clone(),
-                (lease, bounds),
+                (lease, bounds.clone()),
                 grant.fence,
                 from,
                 scope.clone(),
@@ -387,11 +442,13 @@ async fn attempt(
 }
 
 /// How long a fresh hold lasts at least and at most (see
-/// [`LockRequest::min_hold`], [`LockRequest::max_hold`]).
-#[derive(Debug, Clone, Copy)]
+/// [`LockRequest::min_hold`], [`LockRequest::max_hold`]), and what it is
+/// called in metrics.
+#[derive(Debug, Clone)]
 struct Bounds {
     min_hold: Option<Duration>,
     max_hold: Option<Duration>,
+    label: Cow<'static, str>,
 }
 
 /// Turn a grant into a guard, unless it came back too late to be one.
@@ -438,6 +495,8 @@ fn granted(
         fence,
         held,
         keep_until: bounds.min_hold.map(|min| granted_at + min),
+        acquired_at: granted_at,
+        label: bounds.label,
     };
     Attempt::Held(LockGuard::fresh(hold, scope))
 }

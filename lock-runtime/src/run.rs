@@ -3,6 +3,8 @@
 
 use std::future::Future;
 
+use tracing::Instrument;
+
 use crate::{scope, LockError, LockRequest};
 
 /// What a body run under a lock does when the lock is lost while it runs
@@ -80,7 +82,15 @@ impl LockRequest {
     async fn run_in_scope<F: Future>(self, body: F) -> Result<F::Output, LockError> {
         let on_lost = self.on_lost;
         let guard = self.await?;
-        let body = scope::with_fence(guard.fence(), body);
+        // The body runs in a `lock.hold` span: a trace shows how long it
+        // held the lock, after the `lock.acquire` span showed the wait.
+        let span = tracing::info_span!(
+            "lock.hold",
+            key = %guard.key(),
+            lock = %guard.label(),
+            fence = guard.fence(),
+        );
+        let body = scope::with_fence(guard.fence(), body).instrument(span);
         let out = match on_lost {
             OnLost::Abort => {
                 let lost = guard.lost();
