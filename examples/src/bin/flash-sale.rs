@@ -173,6 +173,7 @@ async fn serve(args: ServeArgs) -> Result<(), scenario::Error> {
         tracing::info!(%item, stock, "on sale");
     }
     let shop = Arc::new(Shop {
+        metrics: examples::flash_sale::lock_figures::recorder(),
         store,
         instance: args.instance,
         locked: !args.unsafe_mode,
@@ -261,6 +262,19 @@ async fn demo(args: DemoArgs) -> Result<ExitCode, scenario::Error> {
         report::render(&[unsafe_run.clone(), locked_run.clone()])
     );
     println!();
+    if let Some(f) = &locked_run.lock {
+        let ms = |s: Option<f64>| s.map_or("n/a".to_owned(), |s| format!("{:.1} ms", s * 1000.0));
+        println!(
+            "  lock figures read from the {} locked instances' /metrics: {} acquisitions, {} gave up busy, {} lost; \
+             waiting for the lock p50 {}, p99 {} (the first instance)",
+            f.instances,
+            f.acquired,
+            f.busy,
+            f.lost,
+            ms(f.wait_p50),
+            ms(f.wait_p99)
+        );
+    }
     if unsafe_run.correct() {
         println!(
             "  unsafe: this time the race did not show (try more --concurrency or --race-delay-ms)"

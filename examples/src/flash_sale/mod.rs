@@ -12,6 +12,7 @@
 //! - [`report`]: the verdict table.
 
 pub mod loadgen;
+pub mod lock_figures;
 pub mod report;
 pub mod scenario;
 pub mod service;

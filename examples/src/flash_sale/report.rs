@@ -5,6 +5,7 @@ use std::fmt::Write;
 use std::time::Duration;
 
 use super::loadgen::LoadResult;
+use super::lock_figures::LockFigures;
 use super::store::Audit;
 
 /// The result of one run.
@@ -26,6 +27,8 @@ pub struct PhaseReport {
     pub duplicates: u64,
     /// What the buyers saw.
     pub load: LoadResult,
+    /// Lock figures the instances' `/metrics` showed (locked run).
+    pub lock: Option<LockFigures>,
 }
 
 impl PhaseReport {
@@ -40,6 +43,7 @@ impl PhaseReport {
             oversold: audits.iter().map(Audit::oversold).sum(),
             duplicates: audits.iter().map(|a| a.duplicate_buyers).sum(),
             load,
+            lock: None,
         }
     }
 

@@ -8,6 +8,7 @@ use std::time::Duration;
 use lock_runtime::LockClient;
 
 use super::loadgen::{self, LoadConfig};
+use super::lock_figures;
 use super::report::PhaseReport;
 use super::service::{self, Shop};
 use super::spawn::{InstanceSpec, Instances};
@@ -79,6 +80,7 @@ pub async fn run_phase(
     for item in &scenario.load.items {
         store.seed(item, scenario.stock).await?;
     }
+    let mut figures = None;
     let load = match backend {
         Backend::Redis { url, exe } => {
             let spec = InstanceSpec {
@@ -91,6 +93,9 @@ pub async fn run_phase(
             let instances = Instances::start(&spec, scenario.instances).await?;
             let load =
                 loadgen::run(instances.urls(), &scenario.load, label, scenario.progress).await;
+            if locked {
+                figures = Some(lock_figures::read(instances.urls()).await);
+            }
             instances.stop().await;
             load
         }
@@ -107,6 +112,7 @@ pub async fn run_phase(
                 let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
                 urls.push(format!("http://{}", listener.local_addr()?));
                 let shop = Arc::new(Shop {
+                    metrics: super::lock_figures::recorder(),
                     store: store.clone(),
                     instance: format!("flash-{i}"),
                     locked,
@@ -118,6 +124,10 @@ pub async fn run_phase(
                 })));
             }
             let load = loadgen::run(&urls, &scenario.load, label, scenario.progress).await;
+            if locked {
+                // One process, one recorder: every instance shows the same.
+                figures = Some(lock_figures::read(&urls[..1]).await);
+            }
             let _ = stop_tx.send(true);
             for s in servers {
                 s.await??;
@@ -133,7 +143,9 @@ pub async fn run_phase(
             .ok_or_else(|| format!("item {item} vanished from the store"))?;
         audits.push(audit);
     }
-    Ok(PhaseReport::new(label, locked, &audits, load))
+    let mut report = PhaseReport::new(label, locked, &audits, load);
+    report.lock = figures;
+    Ok(report)
 }
 
 /// Sum of several items' audits.

@@ -21,6 +21,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use lock_runtime::{distributed_lock, LockError};
+use metrics_exporter_prometheus::PrometheusHandle;
 use serde::{Deserialize, Serialize};
 
 use super::store::{ItemInfo, Store, StoreError};
@@ -38,6 +39,9 @@ pub struct Shop {
     /// Pause between the read and the write (zero: only yield to the
     /// scheduler).
     pub race_delay: Duration,
+    /// The lock figures this instance's `/metrics` shows (Prometheus
+    /// text), if it installed a recorder.
+    pub metrics: Option<PrometheusHandle>,
 }
 
 /// The body of `POST /orders`.
@@ -74,8 +78,9 @@ pub enum OrderError {
     SoldOut,
     /// One order per user per item (409 `already_bought`).
     AlreadyBought,
-    /// The lock was busy for the whole wait (503 `lock_busy`), or the lock
-    /// service failed (503 `lock_unavailable`).
+    /// The lock was busy for the whole wait (503 `lock_busy`), lost midway
+    /// (503 `lock_lost`), or the lock service failed (500
+    /// `lock_unavailable`): the runtime's own HTTP mapping.
     Lock(LockError),
     /// The store failed (500).
     Store(StoreError),
@@ -118,9 +123,9 @@ impl OrderError {
                 (StatusCode::SERVICE_UNAVAILABLE, "lock_busy")
             }
             OrderError::Lock(LockError::Lost { .. }) => {
-                (StatusCode::INTERNAL_SERVER_ERROR, "lock_lost")
+                (StatusCode::SERVICE_UNAVAILABLE, "lock_lost")
             }
-            OrderError::Lock(_) => (StatusCode::SERVICE_UNAVAILABLE, "lock_unavailable"),
+            OrderError::Lock(_) => (StatusCode::INTERNAL_SERVER_ERROR, "lock_unavailable"),
             OrderError::Store(_) => (StatusCode::INTERNAL_SERVER_ERROR, "store"),
         }
     }
@@ -137,6 +142,11 @@ pub struct ErrorBody {
 
 impl IntoResponse for OrderError {
     fn into_response(self) -> Response {
+        // Lock errors answer as the runtime maps them (feature `axum`):
+        // busy or lost 503 with a JSON body, others 500.
+        if let OrderError::Lock(e) = self {
+            return e.into_response();
+        }
         let (status, code) = self.status_and_code();
         let body = Json(ErrorBody {
             error: code.to_owned(),
@@ -150,12 +160,25 @@ impl IntoResponse for OrderError {
     }
 }
 
+/// `GET /metrics`: the lock figures in Prometheus text format.
+async fn metrics(State(shop): State<Arc<Shop>>) -> Response {
+    match &shop.metrics {
+        Some(handle) => handle.render().into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            "no metrics recorder in this instance",
+        )
+            .into_response(),
+    }
+}
+
 /// The routes of one instance.
 pub fn router(shop: Arc<Shop>) -> Router {
     Router::new()
         .route("/orders", post(create_order))
         .route("/items/{id}", get(item))
         .route("/health", get(health))
+        .route("/metrics", get(metrics))
         .with_state(shop)
 }
 
