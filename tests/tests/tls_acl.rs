@@ -311,3 +311,38 @@ async fn sentinel_passes_the_url_credentials_to_the_data_node_and_uses_its_own()
         "the password leaked: {e}"
     );
 }
+
+#[tokio::test]
+async fn sentinel_over_tls_reaches_the_data_node_over_tls_with_its_acl_user() {
+    let certs = Certs::make();
+    let (_primary, primary_tls) = tls_server(&certs);
+    let tls = format!(
+        "tls-cert-file {}\ntls-key-file {}\ntls-ca-cert-file {}\ntls-auth-clients no\ntls-replication yes",
+        certs.path("server.crt"),
+        certs.path("server.key"),
+        certs.path("ca.crt"),
+    );
+    let sentinel_tls: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    // The sentinels watch the primary through its TLS port, as its ACL
+    // user, and listen on a TLS port of their own (their plain port is
+    // for the harness's readiness check).
+    let _sentinels: Vec<Sentinel> = sentinel_tls
+        .iter()
+        .map(|port| {
+            let extra = format!(
+                "{tls}\ntls-port {port}\nsentinel auth-user mymaster {USER}\nsentinel auth-pass mymaster {PASSWORD}"
+            );
+            Sentinel::start_with("mymaster", primary_tls, Timing::default(), &extra)
+        })
+        .collect();
+    let urls: Vec<String> = sentinel_tls
+        .iter()
+        .map(|p| format!("rediss://{USER}:{PASSWORD}@127.0.0.1:{p}"))
+        .collect();
+    let client = LockClient::builder()
+        .tls_root_ca(&certs.ca_pem())
+        .sentinel(&urls, "mymaster")
+        .await
+        .expect("Sentinel over TLS, the data node over TLS with the URLs' ACL user");
+    assert!(lock_and_release(&client).await > 0);
+}
