@@ -6,11 +6,13 @@ use proc_macro2::Span;
 use syn::meta::ParseNestedMeta;
 use syn::{Expr, ExprLit, Lit, LitStr, Path};
 
-const OPTIONS: &str = "key, lease, wait, on_lost, on_busy, min_hold, max_hold, crate";
+const OPTIONS: &str = "key, keys, lease, wait, on_lost, on_busy, min_hold, max_hold, crate";
 
 /// The attribute's options, validated.
 pub(crate) struct Args {
     pub(crate) key: LitStr,
+    /// `keys = [...]`: the other keys of a multi-key lock.
+    pub(crate) more_keys: Vec<LitStr>,
     pub(crate) lease: Option<Duration>,
     pub(crate) wait: Option<Duration>,
     pub(crate) on_lost_continue: bool,
@@ -24,6 +26,7 @@ pub(crate) struct Args {
 #[derive(Default)]
 struct Builder {
     key: Option<LitStr>,
+    keys: Option<Vec<LitStr>>,
     lease: Option<Duration>,
     wait: Option<Duration>,
     on_lost: Option<bool>,
@@ -38,11 +41,21 @@ impl Args {
         let mut b = Builder::default();
         let parser = syn::meta::parser(|meta| b.option(meta));
         syn::parse::Parser::parse2(parser, tokens)?;
-        let Some(key) = b.key else {
-            return Err(syn::Error::new(
-                Span::call_site(),
-                "missing `key`: write `#[distributed_lock(key = \"order:{id}\")]`",
-            ));
+        let (key, more_keys) = match (b.key, b.keys) {
+            (Some(key), None) => (key, Vec::new()),
+            (None, Some(mut keys)) => (keys.remove(0), keys),
+            (Some(key), Some(_)) => {
+                return Err(syn::Error::new(
+                    key.span(),
+                    "give either `key` (one lock) or `keys` (all of several), not both",
+                ))
+            }
+            (None, None) => {
+                return Err(syn::Error::new(
+                    Span::call_site(),
+                    "missing `key`: write `#[distributed_lock(key = \"order:{id}\")]`",
+                ))
+            }
         };
         if let Some((max, lit)) = &b.max_hold {
             for (name, bound) in [("lease", b.lease), ("min_hold", b.min_hold)] {
@@ -61,6 +74,7 @@ impl Args {
         }
         Ok(Args {
             key,
+            more_keys,
             lease: b.lease,
             wait: b.wait,
             on_lost_continue: b.on_lost.unwrap_or(false),
@@ -137,6 +151,37 @@ impl Builder {
             "key" => {
                 let v = string(&meta, "key", "\"order:{id}\"")?;
                 once(&mut self.key, &meta, "key", v)
+            }
+            "keys" => {
+                let expr: Expr = meta.value()?.parse()?;
+                let example = "`keys = [\"account:{from}\", \"account:{to}\"]`";
+                let Expr::Array(array) = expr else {
+                    return Err(syn::Error::new_spanned(
+                        expr,
+                        format!("`keys` takes an array of string literals, e.g. {example}"),
+                    ));
+                };
+                let mut keys = Vec::new();
+                for elem in &array.elems {
+                    match elem {
+                        Expr::Lit(ExprLit {
+                            lit: Lit::Str(s), ..
+                        }) => keys.push(s.clone()),
+                        other => {
+                            return Err(syn::Error::new_spanned(
+                                other,
+                                format!("each of `keys` is a string literal, e.g. {example}"),
+                            ))
+                        }
+                    }
+                }
+                if keys.is_empty() {
+                    return Err(syn::Error::new_spanned(
+                        &array,
+                        format!("`keys` needs at least one key, e.g. {example}"),
+                    ));
+                }
+                once(&mut self.keys, &meta, "keys", keys)
             }
             "lease" => {
                 let lit = string(&meta, "lease", "\"30s\"")?;

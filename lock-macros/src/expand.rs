@@ -42,20 +42,36 @@ pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
         }
     };
 
-    let template = KeyTemplate::parse(&args.key.value())
-        .map_err(|e| syn::Error::new(span_of(&args.key, e.range), e.message))?;
-    check_placeholders(&args, &template, &func)?;
+    // Every key's template, checked against the fn's parameters.
+    let mut keys = Vec::new();
+    for lit in std::iter::once(&args.key).chain(&args.more_keys) {
+        let template = KeyTemplate::parse(&lit.value())
+            .map_err(|e| syn::Error::new(span_of(lit, e.range), e.message))?;
+        check_placeholders(lit, &template, &func)?;
+        keys.push((lit, template));
+    }
 
     let krate = args
         .krate
         .as_ref()
         .map(ToTokens::to_token_stream)
         .unwrap_or_else(|| quote!(::lock_runtime));
-    let key_span = args.key.span();
-    let format = syn::LitStr::new(&template.format, key_span);
-    let key_args = template.args(key_span);
-    // Metrics and spans name the lock by its template, never the key.
-    let template_name = syn::LitStr::new(&args.key.value(), key_span);
+    let key_exprs: Vec<TokenStream> = keys
+        .iter()
+        .map(|(lit, template)| {
+            let format = syn::LitStr::new(&template.format, lit.span());
+            let key_args = template.args(lit.span());
+            quote!(#krate::__private::format!(#format #(, #key_args)*))
+        })
+        .collect();
+    // Metrics and spans name the lock by its template(s), never the key.
+    let names: Vec<String> = keys.iter().map(|(lit, _)| lit.value()).collect();
+    let template_name = syn::LitStr::new(&names.join(", "), args.key.span());
+    let (key_value, lock_method) = if key_exprs.len() == 1 {
+        (key_exprs[0].clone(), quote!(lock))
+    } else {
+        (quote!([#(#key_exprs),*]), quote!(lock_all))
+    };
     let millis = |method: &str, d: Option<std::time::Duration>| match d {
         // Sub-millisecond waits round up: "try once" stays zero.
         Some(d) => {
@@ -120,7 +136,7 @@ pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
     // `?` in it converts into that error type) and runs only under the
     // lock, through the public `LockRequest::run`.
     let body = quote_spanned! {ret.span()=>
-        let #key_var = #krate::__private::format!(#format #(, #key_args)*);
+        let #key_var = #key_value;
         let #fail = <#ret_ty as #krate::__private::LockResult>::from_lock_error;
         // (A body that always diverges, `panic!` say, is no warning here.)
         #[allow(unreachable_code, clippy::diverging_sub_expression)]
@@ -130,7 +146,7 @@ pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
         };
         match #krate::client() {
             ::core::result::Result::Ok(#client) => match #client
-                .lock(#key_var)
+                .#lock_method(#key_var)
                 .name(#template_name)
                 .on_lost(#on_lost)
                 #lease
@@ -223,14 +239,14 @@ fn bindings(func: &ItemFn) -> BTreeSet<String> {
     b.0
 }
 
-fn check_placeholders(args: &Args, template: &KeyTemplate, func: &ItemFn) -> syn::Result<()> {
+fn check_placeholders(key: &syn::LitStr, template: &KeyTemplate, func: &ItemFn) -> syn::Result<()> {
     let names = bindings(func);
     for p in &template.placeholders {
         let head = &p.path[0];
         if names.contains(head) {
             continue;
         }
-        let span = span_of(&args.key, p.range);
+        let span = span_of(key, p.range);
         let shown = p.path.join(".");
         let message = if head == "self" {
             format!("`{{{shown}}}` uses `self`, but `{}` is not a method; take the value as a parameter", func.sig.ident)

@@ -259,6 +259,32 @@ impl LockClient {
         LockRequest::new(self.clone(), key.into())
     }
 
+    /// One lock over several keys: all of them or none. Keys are taken in
+    /// sorted order (two callers naming the same keys in different orders
+    /// cannot deadlock), duplicates count once, and a key that cannot be
+    /// taken within the request's `wait` releases the others at once. The
+    /// guard's [`fence`](LockGuard::fence) is the first key's token (sorted
+    /// order), [`fences`](LockGuard::fences) all of them; the watchdog
+    /// renews all keys in its one call per tick. On a Cluster the keys may
+    /// live in different slots (one round trip per key to take them); on
+    /// Redlock each key is a Redlock.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), lock_runtime::LockError> {
+    /// let client = lock_runtime::LockClient::memory();
+    /// let guard = client.lock_all(["account:9", "account:1", "account:9"]).await?;
+    /// assert_eq!(guard.keys(), ["account:1", "account:9"]);
+    /// assert_eq!(guard.fences().len(), 2);
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn lock_all(&self, keys: impl IntoIterator<Item = impl Into<String>>) -> LockRequest {
+        let mut keys = keys.into_iter().map(Into::into);
+        let first = keys.next().unwrap_or_default();
+        LockRequest::new(self.clone(), first).and_keys(keys.collect())
+    }
+
     /// This client's random id, the prefix of every holder id it writes.
     pub fn id(&self) -> &str {
         &self.inner.id

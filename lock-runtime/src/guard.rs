@@ -74,6 +74,8 @@ pub struct LockGuard {
     done: bool,
     /// Re-entered an outer hold rather than acquired.
     reentry: bool,
+    /// A multi-key lock's other keys, in sorted order after this one.
+    rest: Vec<LockGuard>,
 }
 
 impl LockGuard {
@@ -89,6 +91,7 @@ impl LockGuard {
             scope,
             done: false,
             reentry: false,
+            rest: Vec::new(),
         }
     }
 
@@ -99,7 +102,31 @@ impl LockGuard {
             scope: Some(scope),
             done: false,
             reentry: true,
+            rest: Vec::new(),
         }
+    }
+
+    /// One guard for several keys (sorted, this one first).
+    pub(crate) fn with_rest(mut self, rest: Vec<LockGuard>) -> Self {
+        self.rest = rest;
+        self
+    }
+
+    /// The fencing tokens of all keys of a multi-key lock
+    /// ([`LockClient::lock_all`](crate::LockClient::lock_all)), in the
+    /// keys' sorted order; [`fence`](Self::fence) is the first. One token
+    /// for a single-key lock.
+    pub fn fences(&self) -> Vec<u64> {
+        std::iter::once(self.fence())
+            .chain(self.rest.iter().map(LockGuard::fence))
+            .collect()
+    }
+
+    /// The keys this guard holds, sorted; one for a single-key lock.
+    pub fn keys(&self) -> Vec<&str> {
+        std::iter::once(self.key())
+            .chain(self.rest.iter().map(LockGuard::key))
+            .collect()
     }
 
     /// Whether this guard re-entered a hold of its scope.
@@ -132,19 +159,46 @@ impl LockGuard {
 
     /// Whether the watchdog found the lock lost.
     pub fn is_lost(&self) -> bool {
-        self.hold.is_lost()
+        self.hold.is_lost() || self.rest.iter().any(LockGuard::is_lost)
     }
 
     /// Resolves when the lock is lost (never, if it is released first).
     /// Race work against it to stop as soon as exclusivity is gone.
     pub fn lost(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
-        self.hold.held.lost()
+        let mut all: Vec<_> = std::iter::once(self.hold.held.lost())
+            .chain(self.rest.iter().flat_map(|g| {
+                std::iter::once(g.hold.held.lost()).chain(g.rest.iter().map(|r| r.hold.held.lost()))
+            }))
+            .map(Box::pin)
+            .collect();
+        async move {
+            if all.len() == 1 {
+                all.pop().expect("one").await
+            } else {
+                futures_util::future::select_all(all).await;
+            }
+        }
     }
 
     /// Release and report whether the lock was still ours:
     /// `Err(Lost)` if it expired or was deleted while held. A guard that
     /// re-entered a lock still held by an outer guard sends nothing.
     pub async fn release(mut self) -> Result<(), LockError> {
+        // A multi-key lock: every key, and the first failure is the answer.
+        let mut first_error = None;
+        for g in std::mem::take(&mut self.rest) {
+            if let Err(e) = Box::pin(g.release()).await {
+                first_error.get_or_insert(e);
+            }
+        }
+        let out = self.release_one().await;
+        match first_error {
+            Some(e) => Err(e),
+            None => out,
+        }
+    }
+
+    async fn release_one(mut self) -> Result<(), LockError> {
         self.done = true;
         let Some(was_lost) = self.leave() else {
             return if self.hold.is_lost() {

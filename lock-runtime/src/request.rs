@@ -53,6 +53,8 @@ const MAX_LEASE: Duration = Duration::from_secs(366 * 24 * 3600);
 pub struct LockRequest {
     pub(crate) client: LockClient,
     pub(crate) key: String,
+    /// A multi-key lock's other keys (`LockClient::lock_all`).
+    more: Vec<String>,
     lease: Option<Duration>,
     wait: Option<Duration>,
     pub(crate) on_lost: OnLost,
@@ -68,6 +70,7 @@ impl LockRequest {
         LockRequest {
             client,
             key,
+            more: Vec::new(),
             lease: None,
             wait: None,
             on_lost: OnLost::default(),
@@ -75,6 +78,12 @@ impl LockRequest {
             max_hold: None,
             label: Cow::Borrowed("manual"),
         }
+    }
+
+    /// More keys for this lock (see [`LockClient::lock_all`]).
+    pub(crate) fn and_keys(mut self, keys: Vec<String>) -> Self {
+        self.more = keys;
+        self
     }
 
     /// What metrics (label `lock`) and tracing spans call this lock:
@@ -142,7 +151,11 @@ impl LockRequest {
             fence = tracing::field::Empty,
         );
         let started = Instant::now();
-        let out = self.acquire_in_span().instrument(span.clone()).await;
+        let out = if self.more.is_empty() {
+            self.acquire_in_span().instrument(span.clone()).await
+        } else {
+            self.acquire_all().instrument(span.clone()).await
+        };
         match &out {
             Ok(guard) if guard.is_reentry() => {
                 span.record("outcome", "reentered");
@@ -162,6 +175,50 @@ impl LockRequest {
             }
         }
         out
+    }
+
+    /// A multi-key lock: every key, in sorted order (two callers naming the
+    /// same keys in any order cannot deadlock), duplicates once, within one
+    /// `wait`. A key that cannot be taken releases the ones taken before it
+    /// at once, and is the error.
+    async fn acquire_all(self) -> Result<LockGuard, LockError> {
+        let mut keys: Vec<String> = std::iter::once(self.key.clone())
+            .chain(self.more.iter().cloned())
+            .collect();
+        keys.sort();
+        keys.dedup();
+        let wait = self.wait.unwrap_or(self.client.inner.config.wait);
+        let started = Instant::now();
+        let deadline = started.checked_add(wait).unwrap_or(started + MAX_LEASE);
+        let mut held: Vec<LockGuard> = Vec::with_capacity(keys.len());
+        for key in keys {
+            let one = LockRequest {
+                client: self.client.clone(),
+                key,
+                more: Vec::new(),
+                lease: self.lease,
+                wait: Some(deadline.saturating_duration_since(Instant::now())),
+                on_lost: self.on_lost,
+                min_hold: self.min_hold,
+                max_hold: self.max_hold,
+                label: self.label.clone(),
+            };
+            match one.acquire_in_span().await {
+                Ok(guard) => held.push(guard),
+                Err(e) => {
+                    // Dropped midway, the guards release in the background.
+                    for g in held.into_iter().rev() {
+                        if let Err(r) = g.release().await {
+                            tracing::debug!(error = %r, "releasing a multi-key lock's key after another failed");
+                        }
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let mut held = held.into_iter();
+        let first = held.next().expect("at least one key");
+        Ok(first.with_rest(held.collect()))
     }
 
     async fn acquire_in_span(self) -> Result<LockGuard, LockError> {
