@@ -263,8 +263,8 @@ impl LockClient {
     /// sorted order (two callers naming the same keys in different orders
     /// cannot deadlock), duplicates count once, and a key that cannot be
     /// taken within the request's `wait` releases the others at once. The
-    /// guard's [`fence`](LockGuard::fence) is the first key's token (sorted
-    /// order), [`fences`](LockGuard::fences) all of them; the watchdog
+    /// guard's [`fence`](crate::LockGuard::fence) is the first key's token (sorted
+    /// order), [`fences`](crate::LockGuard::fences) all of them; the watchdog
     /// renews all keys in its one call per tick. On a Cluster the keys may
     /// live in different slots (one round trip per key to take them); on
     /// Redlock each key is a Redlock.
