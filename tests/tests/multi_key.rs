@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use lock_runtime::{distributed_lock, LockClient, LockError};
 use tests::cluster::Cluster;
+use tests::proxy::Proxy;
 use tests::{eventually, global, unique, RedisServer};
 
 fn name(key: &str) -> String {
@@ -145,4 +146,55 @@ async fn in_memory_the_same_rules_hold() {
     assert!(matches!(e, LockError::Timeout { .. }));
     assert!(client.lock("m-a").try_acquire().await.unwrap().is_some());
     held.release().await.unwrap();
+}
+
+/// A pattern that matches the script calls on `key`'s lock.
+fn call_on(key: &str) -> Vec<u8> {
+    name(key).into_bytes()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_reply_on_one_key_neither_fails_the_lock_nor_leaves_a_key() {
+    let server = RedisServer::start();
+    let proxy = Proxy::for_server(&server);
+    let client = LockClient::connect(&proxy.url()).await.unwrap();
+    let rival = LockClient::connect(&server.url()).await.unwrap();
+    for round in 0..5 {
+        let (a, b) = (
+            unique(&format!("rl{round}-a")),
+            unique(&format!("rl{round}-b")),
+        );
+        // The second key's acquire runs, and its reply is lost.
+        proxy.lose_reply_to(&call_on(&b));
+        let guard = client
+            .lock_all([a.clone(), b.clone()])
+            .wait(Duration::from_secs(5))
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        assert!(!proxy.armed(), "round {round}: the loss did not fire");
+        let fences = guard.fences();
+        assert_eq!(fences.len(), 2);
+        for k in [&a, &b] {
+            assert!(server.exists(&name(k)), "round {round}: {k} not held");
+            assert!(
+                rival
+                    .lock(k.as_str())
+                    .try_acquire()
+                    .await
+                    .unwrap()
+                    .is_none(),
+                "round {round}: {k} was free"
+            );
+        }
+        // The first key's release runs, and its reply is lost.
+        proxy.lose_reply_to(&call_on(&a));
+        guard
+            .release()
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: release: {e}"));
+        assert!(
+            !server.exists(&name(&a)) && !server.exists(&name(&b)),
+            "round {round}: a key was left behind"
+        );
+    }
 }
