@@ -1,4 +1,3 @@
-use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,12 +19,14 @@ pub(crate) struct Hold {
     pub(crate) owner: Arc<str>,
     pub(crate) fence: u64,
     pub(crate) held: Held,
-    /// `min_hold`: a release before this leaves the lock to expire here.
-    pub(crate) keep_until: Option<Instant>,
+    /// `min_hold` in ms (0: none): a release before `acquired_at` plus
+    /// this leaves the lock to expire then. (Milliseconds: a held lock's
+    /// every byte counts when a client holds 100k.)
+    pub(crate) min_hold_ms: u32,
     /// When the acquire was sent: the lease counts from here.
     pub(crate) acquired_at: Instant,
     /// What metrics call this lock.
-    pub(crate) label: Cow<'static, str>,
+    pub(crate) label: &'static str,
 }
 
 impl Hold {
@@ -33,9 +34,15 @@ impl Hold {
         self.held.is_lost()
     }
 
+    /// Until when a release leaves the lock taken (`min_hold`).
+    fn keep_until(&self) -> Option<Instant> {
+        (self.min_hold_ms > 0)
+            .then(|| self.acquired_at + Duration::from_millis(u64::from(self.min_hold_ms)))
+    }
+
     /// How long the lock must stay taken after a release now (`min_hold`).
     fn keep_for(&self) -> Option<Duration> {
-        let left = self.keep_until?.saturating_duration_since(Instant::now());
+        let left = self.keep_until()?.saturating_duration_since(Instant::now());
         (left >= Duration::from_millis(1)).then_some(left)
     }
 
@@ -44,7 +51,9 @@ impl Hold {
     fn end_in_background(&self) {
         let (name, owner) = (self.name.clone(), self.owner.clone());
         match self.keep_for() {
-            Some(_) => self.client.keep_in_background(name, owner, self.keep_until),
+            Some(_) => self
+                .client
+                .keep_in_background(name, owner, self.keep_until()),
             None => self.client.release_in_background(name, owner),
         }
     }
@@ -75,7 +84,7 @@ pub struct LockGuard {
     /// Re-entered an outer hold rather than acquired.
     reentry: bool,
     /// A multi-key lock's other keys, in sorted order after this one.
-    rest: Vec<LockGuard>,
+    rest: Box<[LockGuard]>,
 }
 
 impl LockGuard {
@@ -91,7 +100,7 @@ impl LockGuard {
             scope,
             done: false,
             reentry: false,
-            rest: Vec::new(),
+            rest: Box::default(),
         }
     }
 
@@ -102,13 +111,13 @@ impl LockGuard {
             scope: Some(scope),
             done: false,
             reentry: true,
-            rest: Vec::new(),
+            rest: Box::default(),
         }
     }
 
     /// One guard for several keys (sorted, this one first).
     pub(crate) fn with_rest(mut self, rest: Vec<LockGuard>) -> Self {
-        self.rest = rest;
+        self.rest = rest.into_boxed_slice();
         self
     }
 
@@ -135,8 +144,8 @@ impl LockGuard {
     }
 
     /// What metrics and spans call this lock.
-    pub(crate) fn label(&self) -> &str {
-        &self.hold.label
+    pub(crate) fn label(&self) -> &'static str {
+        self.hold.label
     }
 
     /// The fencing token: strictly increasing per key across all clients.
@@ -186,7 +195,7 @@ impl LockGuard {
     pub async fn release(mut self) -> Result<(), LockError> {
         // A multi-key lock: every key, and the first failure is the answer.
         let mut first_error = None;
-        for g in std::mem::take(&mut self.rest) {
+        for g in std::mem::take(&mut self.rest).into_vec() {
             if let Err(e) = Box::pin(g.release()).await {
                 first_error.get_or_insert(e);
             }
@@ -232,7 +241,7 @@ impl LockGuard {
             Ok(Released::NotOwner) => {
                 if !was_lost {
                     // Found out only now: lost before the release.
-                    metrics::lost(&hold.label);
+                    metrics::lost(hold.label);
                 }
                 Err(self.lost_error())
             }
@@ -264,9 +273,9 @@ impl LockGuard {
         }
         let was_lost = hold.client.inner.watchdog.leave(&hold.held).was_lost;
         if was_lost {
-            metrics::lost(&hold.label);
+            metrics::lost(hold.label);
         }
-        metrics::held(&hold.label, hold.acquired_at.elapsed());
+        metrics::held(hold.label, hold.acquired_at.elapsed());
         Some(was_lost)
     }
 }

@@ -62,7 +62,7 @@ pub struct LockRequest {
     max_hold: Option<Duration>,
     /// What metrics and spans call this lock: the attribute's key template,
     /// or the name given by hand.
-    label: Cow<'static, str>,
+    label: &'static str,
 }
 
 impl LockRequest {
@@ -76,7 +76,7 @@ impl LockRequest {
             on_lost: OnLost::default(),
             min_hold: None,
             max_hold: None,
-            label: Cow::Borrowed("manual"),
+            label: "manual",
         }
     }
 
@@ -89,9 +89,11 @@ impl LockRequest {
     /// What metrics (label `lock`) and tracing spans call this lock:
     /// `#[distributed_lock]` passes its key template as written
     /// (`"order:{id}"`); by hand, default `"manual"`. Never the formatted
-    /// key, whose values are unbounded.
+    /// key, whose values are unbounded. A name that is not `'static` is
+    /// kept for the life of the process (interned once), so use a bounded
+    /// set of names, as for any metric label.
     pub fn name(mut self, name: impl Into<Cow<'static, str>>) -> Self {
-        self.label = name.into();
+        self.label = metrics::intern(name.into());
         self
     }
 
@@ -141,7 +143,7 @@ impl LockRequest {
 
     /// Acquire inside a `lock.acquire` span, and count the outcome.
     async fn acquire(self) -> Result<LockGuard, LockError> {
-        let label = self.label.clone();
+        let label = self.label;
         let span = tracing::info_span!(
             "lock.acquire",
             key = %self.key,
@@ -164,11 +166,11 @@ impl LockRequest {
             Ok(guard) => {
                 span.record("outcome", "acquired");
                 span.record("fence", guard.fence());
-                metrics::acquired(&label, started.elapsed());
+                metrics::acquired(label, started.elapsed());
             }
             Err(LockError::Timeout { .. }) => {
                 span.record("outcome", "busy");
-                metrics::busy(&label);
+                metrics::busy(label);
             }
             Err(_) => {
                 span.record("outcome", "failed");
@@ -201,7 +203,7 @@ impl LockRequest {
                 on_lost: self.on_lost,
                 min_hold: self.min_hold,
                 max_hold: self.max_hold,
-                label: self.label.clone(),
+                label: self.label,
             };
             match one.acquire_in_span().await {
                 Ok(guard) => held.push(guard),
@@ -299,7 +301,7 @@ impl LockRequest {
                 &client,
                 &name,
                 &owner,
-                (lease, bounds.clone()),
+                (lease, bounds),
                 queue,
                 scope.clone(),
             )
@@ -433,7 +435,7 @@ impl LockRequest {
                 &client,
                 name.clone(),
                 owner.clone(),
-                (lease, bounds.clone()),
+                (lease, bounds),
                 grant.fence,
                 from,
                 scope.clone(),
@@ -501,11 +503,11 @@ async fn attempt(
 /// How long a fresh hold lasts at least and at most (see
 /// [`LockRequest::min_hold`], [`LockRequest::max_hold`]), and what it is
 /// called in metrics.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy)]
 struct Bounds {
     min_hold: Option<Duration>,
     max_hold: Option<Duration>,
-    label: Cow<'static, str>,
+    label: &'static str,
 }
 
 /// Turn a grant into a guard, unless it came back too late to be one.
@@ -551,7 +553,9 @@ fn granted(
         owner,
         fence,
         held,
-        keep_until: bounds.min_hold.map(|min| granted_at + min),
+        min_hold_ms: bounds.min_hold.map_or(0, |min| {
+            u32::try_from(min.as_millis().max(1)).unwrap_or(u32::MAX)
+        }),
         acquired_at: granted_at,
         label: bounds.label,
     };

@@ -232,17 +232,33 @@ pub fn run(ctx: &Ctx, report: &mut Report) {
             Some((rtt - 1.0).abs() < 0.01 && cpu < 0.05 && mem < 1024.0 && o.lost == 0 && o.released == o.n),
         );
         let per_renewal = o.cpu.as_secs_f64() / (o.ticks as f64 * o.n as f64);
-        report.why(format!(
-            "with a {:.0}-s lease the watchdog renews all {} locks every second: {:.2} µs of I/O-thread CPU per \
-             renewal (building the script call's keys and owner ids, reading the replies, moving each deadline). \
-             The CPU reading has a 10 ms grain, ±{:.2} points over this window. What would meet it: fewer \
-             bytes per renewal (a server-side set of the client's locks renewed by one call, at the cost of \
-             tracking it in Redis), or any lease of {:.1} s or more, which renews proportionally less often.",
-            LEASE.as_secs_f64(),
-            fmt_count(o.n as f64),
-            per_renewal * 1e6,
-            100.0 * 0.01 / o.window.as_secs_f64(),
-            LEASE.as_secs_f64() * cpu / 0.05
-        ));
+        let mut why = Vec::new();
+        if cpu >= 0.05 {
+            why.push(format!(
+                "with a {:.0}-s lease the watchdog renews all {} locks every second: {:.2} µs of I/O-thread CPU \
+                 per renewal (building the script call's keys and owner ids, reading the replies, moving each \
+                 deadline); the CPU reading has a 10 ms grain, ±{:.2} points over this window. What would meet \
+                 it: fewer bytes per renewal (a server-side set of the client's locks renewed by one call, at the \
+                 cost of tracking it in Redis), or a lease of {:.1} s or more, which renews proportionally less often",
+                LEASE.as_secs_f64(),
+                fmt_count(o.n as f64),
+                per_renewal * 1e6,
+                100.0 * 0.01 / o.window.as_secs_f64(),
+                LEASE.as_secs_f64() * cpu / 0.05
+            ));
+        }
+        if mem >= 1024.0 {
+            why.push(format!(
+                "{} heap and {} RSS per lock: the heap figure is what the lock costs (the caller's guard, the \
+                 hold, its watchdog entry and names); RSS also moves with whole pages and allocator arenas, which \
+                 weigh most when few locks are held. What would meet it: a smaller hold (fewer per-lock fields, \
+                 names shared with the watchdog entry)",
+                fmt_bytes(o.heap_per_lock),
+                fmt_bytes(o.rss_per_lock),
+            ));
+        }
+        if !why.is_empty() {
+            report.why(why.join("; "));
+        }
     }
 }
