@@ -84,7 +84,10 @@ pub struct LockGuard {
     /// Re-entered an outer hold rather than acquired.
     reentry: bool,
     /// A multi-key lock's other keys, in sorted order after this one.
-    rest: Box<[LockGuard]>,
+    // Boxed: one pointer in every guard (a client may keep 100k of them)
+    // rather than a Vec's three, for what only a multi-key guard uses.
+    #[allow(clippy::box_collection)]
+    rest: Option<Box<Vec<LockGuard>>>,
 }
 
 impl LockGuard {
@@ -100,7 +103,7 @@ impl LockGuard {
             scope,
             done: false,
             reentry: false,
-            rest: Box::default(),
+            rest: None,
         }
     }
 
@@ -111,14 +114,19 @@ impl LockGuard {
             scope: Some(scope),
             done: false,
             reentry: true,
-            rest: Box::default(),
+            rest: None,
         }
     }
 
     /// One guard for several keys (sorted, this one first).
     pub(crate) fn with_rest(mut self, rest: Vec<LockGuard>) -> Self {
-        self.rest = rest.into_boxed_slice();
+        self.rest = (!rest.is_empty()).then(|| Box::new(rest));
         self
+    }
+
+    /// A multi-key lock's other keys' guards (none for a single key).
+    fn others(&self) -> &[LockGuard] {
+        self.rest.as_deref().map_or(&[], Vec::as_slice)
     }
 
     /// The fencing tokens of all keys of a multi-key lock
@@ -127,14 +135,14 @@ impl LockGuard {
     /// for a single-key lock.
     pub fn fences(&self) -> Vec<u64> {
         std::iter::once(self.fence())
-            .chain(self.rest.iter().map(LockGuard::fence))
+            .chain(self.others().iter().map(LockGuard::fence))
             .collect()
     }
 
     /// The keys this guard holds, sorted; one for a single-key lock.
     pub fn keys(&self) -> Vec<&str> {
         std::iter::once(self.key())
-            .chain(self.rest.iter().map(LockGuard::key))
+            .chain(self.others().iter().map(LockGuard::key))
             .collect()
     }
 
@@ -168,16 +176,14 @@ impl LockGuard {
 
     /// Whether the watchdog found the lock lost.
     pub fn is_lost(&self) -> bool {
-        self.hold.is_lost() || self.rest.iter().any(LockGuard::is_lost)
+        self.hold.is_lost() || self.others().iter().any(LockGuard::is_lost)
     }
 
     /// Resolves when the lock is lost (never, if it is released first).
     /// Race work against it to stop as soon as exclusivity is gone.
     pub fn lost(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
         let mut all: Vec<_> = std::iter::once(self.hold.held.lost())
-            .chain(self.rest.iter().flat_map(|g| {
-                std::iter::once(g.hold.held.lost()).chain(g.rest.iter().map(|r| r.hold.held.lost()))
-            }))
+            .chain(self.others().iter().map(|g| g.hold.held.lost()))
             .map(Box::pin)
             .collect();
         async move {
@@ -195,7 +201,7 @@ impl LockGuard {
     pub async fn release(mut self) -> Result<(), LockError> {
         // A multi-key lock: every key, and the first failure is the answer.
         let mut first_error = None;
-        for g in std::mem::take(&mut self.rest).into_vec() {
+        for g in self.rest.take().map(|r| *r).unwrap_or_default() {
             if let Err(e) = Box::pin(g.release()).await {
                 first_error.get_or_insert(e);
             }
@@ -271,7 +277,12 @@ impl LockGuard {
                 return None;
             }
         }
-        let was_lost = hold.client.inner.watchdog.leave(&hold.held).was_lost;
+        let was_lost = hold
+            .client
+            .inner
+            .watchdog
+            .leave(&hold.held, (&hold.name.hash, &hold.owner))
+            .was_lost;
         if was_lost {
             metrics::lost(hold.label);
         }

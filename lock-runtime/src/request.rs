@@ -617,7 +617,10 @@ fn reenter(
     };
     match s.reenter(&client.inner.id, &name.hash) {
         Reentry::Held(hold) => {
-            client.inner.watchdog.raise_lease(&hold.held, lease);
+            client
+                .inner
+                .watchdog
+                .raise_lease(&hold.held, (&hold.name.hash, &hold.owner), lease);
             tracing::trace!(key = %name.key, fence = hold.fence, "lock re-entered");
             Ok(Some(LockGuard::reentered(hold, s.clone())))
         }

@@ -77,10 +77,15 @@ impl LostSignal {
     }
 }
 
-/// A guard's link to its watchdog entry.
+/// The entries' key: the lock's hash and its owner.
+fn entry_key((hash, owner): (&Arc<str>, &Arc<str>)) -> EntryKey {
+    (hash.clone(), owner.clone())
+}
+
+/// A guard's link to its watchdog entry. The entry's key (the lock's
+/// hash and owner) is not repeated here: the hold that keeps this has both.
 #[derive(Clone)]
 pub(crate) struct Held {
-    key: EntryKey,
     id: u64,
     lost: Arc<LostSignal>,
 }
@@ -176,7 +181,6 @@ impl Watchdog {
             slot: (0, 0),
         };
         let held = Held {
-            key: key.clone(),
             id: entry.id,
             lost: entry.lost.clone(),
         };
@@ -199,9 +203,14 @@ impl Watchdog {
     /// A nested holder asked for a longer lease: later renewals send it.
     /// (What Redis has now stays until the next tick; the lease only matters
     /// once renewals stop.)
-    pub(crate) fn raise_lease(&self, held: &Held, lease: std::time::Duration) {
+    pub(crate) fn raise_lease(
+        &self,
+        held: &Held,
+        key: (&Arc<str>, &Arc<str>),
+        lease: std::time::Duration,
+    ) {
         let mut entries = self.shared.entries.lock().unwrap();
-        if let Some(entry) = entries.get_mut(&held.key) {
+        if let Some(entry) = entries.get_mut(&entry_key(key)) {
             if entry.id == held.id && lease > entry.renewal.lease {
                 entry.renewal.lease = lease;
             }
@@ -210,11 +219,12 @@ impl Watchdog {
 
     /// Stop renewing, before the caller sends its release, so no renewal
     /// is ever issued after it.
-    pub(crate) fn leave(&self, held: &Held) -> Left {
+    pub(crate) fn leave(&self, held: &Held, key: (&Arc<str>, &Arc<str>)) -> Left {
         let mut entries = self.shared.entries.lock().unwrap();
         let was_lost = held.is_lost();
-        if entries.get(&held.key).is_some_and(|e| e.id == held.id) {
-            entries.remove(&held.key);
+        let key = entry_key(key);
+        if entries.get(&key).is_some_and(|e| e.id == held.id) {
+            entries.remove(&key);
         }
         Left { was_lost }
     }
@@ -400,14 +410,14 @@ mod tests {
             owner: "o".into(),
             lease: short,
         };
-        let held = dog.insert(renewal, Instant::now(), Duration::ZERO, None);
+        let held = dog.insert(renewal.clone(), Instant::now(), Duration::ZERO, None);
         tokio::time::advance(interval(short)).await;
         let (shared, b) = (dog.shared.clone(), backend.clone());
         let ticking = tokio::spawn(async move { tick(&shared, &b).await });
         gate.sent.notified().await;
         let sent_at = Instant::now();
         // A nested holder asks for a longer lease while the tick is out.
-        dog.raise_lease(&held, long);
+        dog.raise_lease(&held, (&renewal.name.hash, &renewal.owner), long);
         gate.go.notify_one();
         ticking.await.unwrap();
         let entries = dog.shared.entries.lock().unwrap();
