@@ -182,14 +182,19 @@ impl LockGuard {
     /// Resolves when the lock is lost (never, if it is released first).
     /// Race work against it to stop as soon as exclusivity is gone.
     pub fn lost(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let mut all: Vec<_> = std::iter::once(self.hold.held.lost())
-            .chain(self.others().iter().map(|g| g.hold.held.lost()))
-            .map(Box::pin)
+        let first = self.hold.held.lost();
+        // Boxed only for a multi-key guard: a single key allocates nothing.
+        let others: Vec<_> = self
+            .others()
+            .iter()
+            .map(|g| Box::pin(g.hold.held.lost()))
             .collect();
         async move {
-            if all.len() == 1 {
-                all.pop().expect("one").await
+            if others.is_empty() {
+                first.await
             } else {
+                let mut all = others;
+                all.push(Box::pin(first));
                 futures_util::future::select_all(all).await;
             }
         }
