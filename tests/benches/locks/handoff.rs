@@ -419,6 +419,16 @@ pub fn run(ctx: &Ctx, report: &mut Report) {
             fmt_opt(value),
             value.map(|v| v <= limit),
         );
+        report.why(format!(
+            "a hand-off is the release script (which publishes the grant) and then the grant's message \
+             through the waiter's client: its subscription is read on that client's I/O thread, which wakes \
+             the waiting task on the bench runtime. Here 4 clients (4 I/O threads), the bench's 2 workers and \
+             Redis share 2 cores, so the tail is set by how soon a thread gets a core (p50 {}, p99 {} in this \
+             run, and it moves from run to run). What would meet it reliably: \
+             fewer threads per process (clients sharing one I/O thread) or a core per busy thread",
+            fmt_opt(ours.run.handoffs.p50()),
+            fmt_opt(ours.run.handoffs.p99()),
+        ));
     }
     for r in &rows[1..] {
         for (label, theirs, ours) in [
