@@ -280,6 +280,18 @@ mod tests {
         assert_eq!(a.wait, Some(Duration::ZERO));
         assert!(a.on_lost_continue);
         assert!(a.krate.is_some());
+        let b = Args::parse(quote!(
+            keys = ["a:{x}", "b:{y}"],
+            on_busy = "skip",
+            min_hold = "50s",
+            max_hold = "10m"
+        ))
+        .unwrap();
+        assert_eq!(b.key.value(), "a:{x}");
+        assert_eq!(b.more_keys.len(), 1);
+        assert!(b.skip_if_busy);
+        assert_eq!(b.min_hold, Some(Duration::from_secs(50)));
+        assert_eq!(b.max_hold, Some(Duration::from_secs(600)));
     }
 
     #[test]
@@ -290,7 +302,15 @@ mod tests {
         assert!(e(quote!(key = "k", lease = "soon")).contains("not a duration"));
         assert!(e(quote!(key = "k", lease = "10us")).contains("1 ms"));
         assert!(e(quote!(key = "k", on_lost = "retry")).contains("\"abort\""));
-        assert!(e(quote!(key = "k", ttl = "1s")).contains("valid options: key, lease"));
+        assert!(e(quote!(key = "k", ttl = "1s")).contains("valid options: key, keys, lease"));
+        assert!(e(quote!(key = "k", on_busy = "wait")).contains("\"skip\""));
+        assert!(
+            e(quote!(key = "k", lease = "30s", max_hold = "10s")).contains("shorter than `lease`")
+        );
+        assert!(e(quote!(key = "k", min_hold = "2m", max_hold = "1m"))
+            .contains("shorter than `min_hold`"));
+        assert!(e(quote!(keys = [])).contains("at least one key"));
+        assert!(e(quote!(key = "a", keys = ["b"])).contains("not both"));
         assert!(e(quote!(key = "k", key = "j")).contains("twice"));
         assert!(e(quote!(key = 5)).contains("string literal"));
     }
