@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the whole test suite against real Redis processes, then the
-# Redis-semantics and round-trip tests once more against Valkey. Installs the
+# Redis-semantics, round-trip and read-write tests once more against Valkey. Installs the
 # server binaries it needs (Debian/Ubuntu, as root) when they are missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,4 +9,5 @@ scripts/install-redis.sh
 cargo test --workspace "$@"
 
 scripts/install-valkey.sh
-LOCK_TEST_SERVER=valkey-server cargo test -p tests --test redis_semantics --test round_trips "$@"
+LOCK_TEST_SERVER=valkey-server cargo test -p tests --test redis_semantics --test round_trips \
+  --test read_write "$@"

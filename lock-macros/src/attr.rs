@@ -6,13 +6,15 @@ use proc_macro2::Span;
 use syn::meta::ParseNestedMeta;
 use syn::{Expr, ExprLit, Lit, LitStr, Path};
 
-const OPTIONS: &str = "key, keys, lease, wait, on_lost, on_busy, min_hold, max_hold, crate";
+const OPTIONS: &str = "key, keys, mode, lease, wait, on_lost, on_busy, min_hold, max_hold, crate";
 
 /// The attribute's options, validated.
 pub(crate) struct Args {
     pub(crate) key: LitStr,
     /// `keys = [...]`: the other keys of a multi-key lock.
     pub(crate) more_keys: Vec<LitStr>,
+    /// `mode = "read"`: a shared lock.
+    pub(crate) read: bool,
     pub(crate) lease: Option<Duration>,
     pub(crate) wait: Option<Duration>,
     pub(crate) on_lost_continue: bool,
@@ -27,6 +29,7 @@ pub(crate) struct Args {
 struct Builder {
     key: Option<LitStr>,
     keys: Option<Vec<LitStr>>,
+    mode: Option<bool>,
     lease: Option<Duration>,
     wait: Option<Duration>,
     on_lost: Option<bool>,
@@ -75,6 +78,7 @@ impl Args {
         Ok(Args {
             key,
             more_keys,
+            read: b.mode.unwrap_or(false),
             lease: b.lease,
             wait: b.wait,
             on_lost_continue: b.on_lost.unwrap_or(false),
@@ -207,6 +211,20 @@ impl Builder {
                 };
                 once(&mut self.on_lost, &meta, "on_lost", cont)
             }
+            "mode" => {
+                let lit = string(&meta, "mode", "\"read\"")?;
+                let read = match lit.value().as_str() {
+                    "read" => true,
+                    "write" => false,
+                    other => {
+                        return Err(syn::Error::new(
+                            lit.span(),
+                            format!("`mode = \"{other}\"` is not an option; write \"read\" (shared with other readers) or \"write\" (exclusive, the default)"),
+                        ))
+                    }
+                };
+                once(&mut self.mode, &meta, "mode", read)
+            }
             "on_busy" => {
                 let lit = string(&meta, "on_busy", "\"skip\"")?;
                 let skip = match lit.value().as_str() {
@@ -283,6 +301,7 @@ mod tests {
         let b = Args::parse(quote!(
             keys = ["a:{x}", "b:{y}"],
             on_busy = "skip",
+            mode = "read",
             min_hold = "50s",
             max_hold = "10m"
         ))
@@ -290,6 +309,8 @@ mod tests {
         assert_eq!(b.key.value(), "a:{x}");
         assert_eq!(b.more_keys.len(), 1);
         assert!(b.skip_if_busy);
+        assert!(b.read);
+        assert!(!a.read);
         assert_eq!(b.min_hold, Some(Duration::from_secs(50)));
         assert_eq!(b.max_hold, Some(Duration::from_secs(600)));
     }
@@ -302,8 +323,10 @@ mod tests {
         assert!(e(quote!(key = "k", lease = "soon")).contains("not a duration"));
         assert!(e(quote!(key = "k", lease = "10us")).contains("1 ms"));
         assert!(e(quote!(key = "k", on_lost = "retry")).contains("\"abort\""));
-        assert!(e(quote!(key = "k", ttl = "1s")).contains("valid options: key, keys, lease"));
+        assert!(e(quote!(key = "k", ttl = "1s")).contains("valid options: key, keys, mode, lease"));
         assert!(e(quote!(key = "k", on_busy = "wait")).contains("\"skip\""));
+        assert!(e(quote!(key = "k", mode = "shared")).contains("\"read\""));
+        assert!(e(quote!(key = "k", mode = "read", mode = "write")).contains("twice"));
         assert!(
             e(quote!(key = "k", lease = "30s", max_hold = "10s")).contains("shorter than `lease`")
         );

@@ -67,10 +67,11 @@ pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
     // Metrics and spans name the lock by its template(s), never the key.
     let names: Vec<String> = keys.iter().map(|(lit, _)| lit.value()).collect();
     let template_name = syn::LitStr::new(&names.join(", "), args.key.span());
-    let (key_value, lock_method) = if key_exprs.len() == 1 {
-        (key_exprs[0].clone(), quote!(lock))
-    } else {
-        (quote!([#(#key_exprs),*]), quote!(lock_all))
+    let (key_value, lock_method) = match (key_exprs.len(), args.read) {
+        (1, false) => (key_exprs[0].clone(), quote!(lock)),
+        (1, true) => (key_exprs[0].clone(), quote!(read_lock)),
+        (_, false) => (quote!([#(#key_exprs),*]), quote!(lock_all)),
+        (_, true) => (quote!([#(#key_exprs),*]), quote!(read_lock_all)),
     };
     let millis = |method: &str, d: Option<std::time::Duration>| match d {
         // Sub-millisecond waits round up: "try once" stays zero.

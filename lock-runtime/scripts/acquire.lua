@@ -1,6 +1,7 @@
 -- Take a lock for one acquisition, or join its queue of waiters.
 -- KEYS[1] lock, KEYS[2] fence counter, KEYS[3] queue (owner ids, FIFO),
--- KEYS[4] waiters (owner id -> "<lease ms> <queued until, server ms>")
+-- KEYS[4] waiters (owner id -> "<lease ms> <queued until, server ms>"),
+-- KEYS[5] readers (reader owner id -> its lease's end, server ms)
 -- ARGV[1] owner id ("<client id>:<n>", unique per acquisition)
 -- ARGV[2] lease in ms
 -- ARGV[3] the token floor in microseconds; '' = this server's clock
@@ -12,6 +13,10 @@
 -- queued behind it ('w' on Redlock), or "<owner> <mark> <from>" after a
 -- hand-off from the owner <from> ('-': no mark), so that a release knows
 -- whom to serve without reading anything else.
+-- A reader's owner id is "<client id>:r<n>". Readers share the lock, which
+-- then holds "~r" (plus mark and from as above) and lives as long as its
+-- longest reader; each reader's own lease is its entry in KEYS[5]. Once a
+-- writer queues, new readers queue behind it.
 -- Returns {1, token} taken, {2, token} already this owner's (an earlier
 -- send ran, or a release handed it over), {0, pttl, queued at (server ms,
 -- 0 = not queued)} busy.
@@ -26,7 +31,103 @@ local function clock_us()
   local t = redis.call('time')
   return t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
 end
-if redis.call('set', KEYS[1], owner, 'NX', 'PX', ARGV[2]) then
+local reader = string.find(owner, ':r', 1, true) ~= nil
+local function now_ms()
+  local t = redis.call('time')
+  -- Milliseconds have 13 digits: exact as Lua numbers and in concatenation.
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+-- A grant taken directly by a waiter that an earlier send may have queued:
+-- it leaves the queue, and if others still wait, this lock's release
+-- serves them.
+local function left_queue(value)
+  if ARGV[5] == '1' and redis.call('hdel', KEYS[4], owner) == 1 then
+    redis.call('lrem', KEYS[3], 1, owner)
+    if redis.call('llen', KEYS[3]) > 0 then
+      redis.call('set', KEYS[1], value .. ' q', 'KEEPTTL')
+    end
+  end
+end
+-- A reader takes no token of its own: it gets the current one (a counter
+-- never written yet starts at the floor).
+local function current_token()
+  local token = redis.call('get', KEYS[2])
+  if not token then
+    token = ARGV[3]
+    if token == '' then
+      token = clock_us()
+    end
+    redis.call('set', KEYS[2], token)
+  elseif not string.match(token, '^%d+$') then
+    return nil
+  end
+  return token
+end
+-- Join the readers: this reader's lease, and the lock and its readers kept
+-- at least that long.
+local function add_reader()
+  local lease = tonumber(ARGV[2])
+  redis.call('hset', KEYS[5], owner, now_ms() + lease)
+  for _, k in ipairs({KEYS[1], KEYS[5]}) do
+    if redis.call('pttl', k) < lease then
+      redis.call('pexpire', k, lease)
+    end
+  end
+end
+-- Whether a live writer waits in the queue (readers then queue behind it).
+local function writer_waits()
+  local now = now_ms()
+  for _, w in ipairs(redis.call('lrange', KEYS[3], 0, -1)) do
+    if not string.find(w, ':r', 1, true) then
+      local entry = redis.call('hget', KEYS[4], w)
+      local untl = entry and string.match(entry, ' (%d+)$')
+      if untl and tonumber(untl) > now then
+        return true
+      end
+    end
+  end
+  return false
+end
+local function not_a_counter()
+  return redis.error_reply('fence counter ' .. KEYS[2] .. ' is not an integer')
+end
+if reader then
+  local cur = redis.pcall('get', KEYS[1])
+  if cur == false then
+    local token = current_token()
+    if not token then
+      return not_a_counter()
+    end
+    -- (Entries left by readers of a lock that was deleted under them go:
+    -- those readers learn at their next renewal.)
+    redis.call('del', KEYS[5])
+    redis.call('set', KEYS[1], '~r', 'PX', ARGV[2])
+    redis.call('hset', KEYS[5], owner, now_ms() + tonumber(ARGV[2]))
+    redis.call('pexpire', KEYS[5], ARGV[2])
+    left_queue('~r')
+    return {1, token}
+  end
+  if type(cur) == 'string' and (cur == '~r' or string.sub(cur, 1, 3) == '~r ') then
+    local mark = string.match(cur, '^~r (%S*)') or ''
+    local mine = redis.call('hexists', KEYS[5], owner) == 1
+    if mine or (mark ~= 'w' and (mark ~= 'q' or not writer_waits())) then
+      local token = current_token()
+      if not token then
+        return not_a_counter()
+      end
+      add_reader()
+      if mine then
+        return {2, token}
+      end
+      if ARGV[5] == '1' and redis.call('hdel', KEYS[4], owner) == 1 then
+        redis.call('lrem', KEYS[3], 1, owner)
+      end
+      return {1, token}
+    end
+  end
+  -- Written, or a writer waits: busy, below.
+end
+if not reader and redis.call('set', KEYS[1], owner, 'NX', 'PX', ARGV[2]) then
   -- Tokens never fall below the clock in microseconds, so a counter that
   -- lost increments (failover to a lagging replica, restart without
   -- persistence, eviction) still hands out tokens above every earlier one.
@@ -48,14 +149,8 @@ if redis.call('set', KEYS[1], owner, 'NX', 'PX', ARGV[2]) then
     token = string.format('%.0f', tonumber(last) + 1)
     redis.call('set', KEYS[2], token)
   end
-  if ARGV[5] == '1' and redis.call('hdel', KEYS[4], owner) == 1 then
-    -- Taken directly (the lock had expired) by a queued waiter: it leaves
-    -- the queue, and if others still wait, this lock's release serves them.
-    redis.call('lrem', KEYS[3], 1, owner)
-    if redis.call('llen', KEYS[3]) > 0 then
-      redis.call('set', KEYS[1], owner .. ' q', 'KEEPTTL')
-    end
-  end
+  -- Taken directly (the lock had expired) by a queued waiter.
+  left_queue(owner)
   return {1, token}
 end
 -- Anything but a string (a lock of another layout, foreign data) is busy.
@@ -93,9 +188,7 @@ if ARGV[4] == 'w' then
   return {0, pttl, 0}
 end
 local stay = tonumber(ARGV[4])
-local t = redis.call('time')
--- Milliseconds have 13 digits: exact as Lua numbers and in concatenation.
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local new = redis.call('hset', KEYS[4], owner, ARGV[2] .. ' ' .. (now + stay)) == 1
 -- (An entry whose list place was lost, say to eviction, gets one again.)
 if new or not redis.call('lpos', KEYS[3], owner) then

@@ -1,7 +1,8 @@
 -- End one acquisition: hand the lock to the first live waiter in its
 -- queue, or delete it. A waiter that gives up leaves the queue by this
 -- same call.
--- KEYS[1] lock, KEYS[2] fence counter, KEYS[3] queue, KEYS[4] waiters
+-- KEYS[1] lock, KEYS[2] fence counter, KEYS[3] queue, KEYS[4] waiters,
+-- KEYS[5] readers (see acquire.lua)
 -- ARGV[1] owner id
 -- ARGV[2] grant channel prefix: a waiter's client hears its grant on
 --         ARGV[2] .. "<client id>"
@@ -10,75 +11,170 @@
 -- ARGV[5] Redlock wake-ups: 'r' when this deletes a marked lock, 'a' also
 --         when the lock is absent (a waiter may listen on a node where this
 --         owner's lock never landed), 'n' never (taking back a partial grant)
+-- A reader (owner id "<client id>:r<n>") leaves the readers; the last one
+-- out releases the lock as a writer would. A writer's release hands the
+-- lock to a queued writer, or to the queued readers up to the next writer,
+-- all at once.
 -- Returns 1 released (also: an earlier send of this release handed it
 -- over), 0 absent (expired, deleted, or released by an earlier send of
 -- this same release), -1 held by another owner.
 local owner = ARGV[1]
+local reader = string.find(owner, ':r', 1, true) ~= nil
+local function is_reader(o)
+  return string.find(o, ':r', 1, true) ~= nil
+end
+local function withdraw()
+  if redis.call('hdel', KEYS[4], owner) == 1 then
+    redis.call('lrem', KEYS[3], 1, owner)
+  end
+end
 local cur = redis.pcall('get', KEYS[1])
 if type(cur) ~= 'string' then
   if cur == false and ARGV[5] == 'a' then
     redis.call('publish', ARGV[4], '')
   end
-  if redis.call('hdel', KEYS[4], owner) == 1 then
-    redis.call('lrem', KEYS[3], 1, owner)
-  end
+  withdraw()
   if cur == false then
     return 0
   end
   return -1
 end
 local holder, mark, from = string.match(cur, '^(%S+) ?(%S*) ?(%S*)$')
-if holder ~= owner then
+-- The server's clock, read once and only when needed (an uncontended
+-- writer's release does not). Milliseconds (13 digits) are exact as Lua
+-- numbers; microseconds (16 digits, tokens) stay decimal strings.
+local t, now_ms
+local function clock()
+  if not t then
+    t = redis.call('time')
+    now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+end
+if reader then
+  if holder ~= '~r' or redis.call('hdel', KEYS[5], owner) == 0 then
+    withdraw()
+    if from == owner then
+      -- This release ran before and handed the lock over.
+      return 1
+    end
+    return 0
+  end
+  -- Other readers still in their lease keep the lock for the longest of
+  -- them; a reader that died is dropped here, its lease over. (An emptied
+  -- hash is gone by itself.)
+  local longest, entries = 0, {}
+  if redis.call('hlen', KEYS[5]) > 0 then
+    clock()
+    entries = redis.call('hgetall', KEYS[5])
+  end
+  for i = 1, #entries, 2 do
+    local ends = tonumber(entries[i + 1])
+    if not ends or ends <= now_ms then
+      redis.call('hdel', KEYS[5], entries[i])
+    elseif ends > longest then
+      longest = ends
+    end
+  end
+  if longest > 0 then
+    redis.call('pexpire', KEYS[1], longest - now_ms)
+    redis.call('pexpire', KEYS[5], longest - now_ms)
+    return 1
+  end
+elseif holder ~= owner then
   if from == owner then
     -- This release ran before and handed the lock over.
     return 1
   end
-  if redis.call('hdel', KEYS[4], owner) == 1 then
-    redis.call('lrem', KEYS[3], 1, owner)
-  end
+  withdraw()
   return -1
 end
 if mark == 'q' then
-  local t = redis.call('time')
-  -- Milliseconds (13 digits) are exact as Lua numbers; microseconds
-  -- (16 digits, tokens) stay decimal strings.
-  local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  local token
-  while true do
-    local head = redis.call('lpop', KEYS[3])
-    if not head then
-      break
-    end
-    local entry = redis.call('hget', KEYS[4], head)
-    if entry then
-      redis.call('hdel', KEYS[4], head)
-      local lease, untl = string.match(entry, '^(%d+) (%d+)$')
-      -- (Never back to the releasing owner: an entry it left by an attempt
-      -- whose answer was lost.)
-      if lease and head ~= owner and tonumber(untl) > now_ms then
-        if not token then
-          token = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
-          local last = redis.call('get', KEYS[2])
-          if last and string.match(last, '^%d+$')
-            and (#last > #token or (#last == #token and last >= token)) then
-            token = string.format('%.0f', tonumber(last) + 1)
-          end
-        end
-        local client = string.match(head, '^[^:]*')
-        -- Nobody subscribed: that waiter's client is gone (or not yet
-        -- listening, and then it asks again); serve the next one.
-        local heard = redis.call(ARGV[3], ARGV[2] .. client, head .. ' ' .. token .. ' ' .. now_ms)
-        if heard > 0 then
-          local m = '-'
-          if redis.call('llen', KEYS[3]) > 0 then
-            m = 'q'
-          end
-          redis.call('set', KEYS[1], head .. ' ' .. m .. ' ' .. owner, 'PX', lease)
-          redis.call('set', KEYS[2], token)
-          return 1
+  clock()
+  local last, token
+  -- The next live waiter in the queue, popped, with its lease in ms.
+  local function next_waiter(readers_only)
+    while true do
+      local head = redis.call('lindex', KEYS[3], 0)
+      if not head or (readers_only and not is_reader(head)) then
+        return nil
+      end
+      redis.call('lpop', KEYS[3])
+      local entry = redis.call('hget', KEYS[4], head)
+      if entry then
+        redis.call('hdel', KEYS[4], head)
+        local lease, untl = string.match(entry, '^(%d+) (%d+)$')
+        -- (Never back to the releasing owner: an entry it left by an
+        -- attempt whose answer was lost.)
+        if lease and head ~= owner and tonumber(untl) > now_ms then
+          return head, tonumber(lease)
         end
       end
     end
+  end
+  -- Tell `head` it holds the lock; false if nobody heard.
+  local function told(head)
+    local clock_us = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+    if not last then
+      last = redis.call('get', KEYS[2]) or ''
+    end
+    local given
+    if is_reader(head) then
+      -- Readers get the current token.
+      if last == '' then
+        last = clock_us
+        redis.call('set', KEYS[2], last)
+      end
+      given = last
+    else
+      if not token then
+        token = clock_us
+        if string.match(last, '^%d+$')
+          and (#last > #token or (#last == #token and last >= token)) then
+          token = string.format('%.0f', tonumber(last) + 1)
+        end
+      end
+      given = token
+    end
+    local client = string.match(head, '^[^:]*')
+    -- Nobody subscribed: that waiter's client is gone (or not yet
+    -- listening, and then it asks again); serve the next one.
+    return redis.call(ARGV[3], ARGV[2] .. client, head .. ' ' .. given .. ' ' .. now_ms) > 0
+  end
+  local function rest()
+    if redis.call('llen', KEYS[3]) > 0 then
+      return 'q'
+    end
+    return '-'
+  end
+  local readers = false
+  while true do
+    local head, lease = next_waiter(readers)
+    if not head then
+      break
+    end
+    if told(head) then
+      if not is_reader(head) then
+        redis.call('set', KEYS[1], head .. ' ' .. rest() .. ' ' .. owner, 'PX', lease)
+        redis.call('set', KEYS[2], token)
+        return 1
+      end
+      -- A reader: so is every reader queued right behind it.
+      if not readers then
+        readers = true
+        redis.call('del', KEYS[5])
+        redis.call('set', KEYS[1], '~r', 'PX', lease)
+      end
+      redis.call('hset', KEYS[5], head, now_ms + lease)
+      for _, k in ipairs({KEYS[1], KEYS[5]}) do
+        if redis.call('pttl', k) < lease then
+          redis.call('pexpire', k, lease)
+        end
+      end
+    end
+  end
+  if readers then
+    redis.call('set', KEYS[1], '~r ' .. rest() .. ' ' .. owner, 'KEEPTTL')
+    return 1
   end
 end
 redis.call('del', KEYS[1])

@@ -259,6 +259,55 @@ impl LockClient {
         LockRequest::new(self.clone(), key.into())
     }
 
+    /// A read lock on `key`: shared by every reader, excluded by a writer.
+    ///
+    /// Readers hold the key together, each on its own lease (a reader that
+    /// dies lapses alone, and does not cut the others' leases short). A
+    /// writer waits for all of them to leave; once one waits, new readers
+    /// queue behind it, so a stream of readers cannot starve writers. When
+    /// a writer releases, every reader queued behind it gets the lock at
+    /// once; the last reader out hands it to the next writer. No polling.
+    ///
+    /// A reader's [`fence`](crate::LockGuard::fence) is the key's current
+    /// token (the last writer's); only writers raise it. In a scope that
+    /// holds the write lock, a read lock of the same key re-enters it; in
+    /// one that holds the read lock, asking for the write lock is
+    /// [`LockError::UpgradeRefused`] at once, since waiting for the other
+    /// readers could deadlock.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), lock_runtime::LockError> {
+    /// use lock_runtime::{LockClient, LockError};
+    ///
+    /// let client = LockClient::memory();
+    /// let a = client.read_lock("doc:7").await?;
+    /// let b = client.read_lock("doc:7").await?; // readers share
+    /// assert!(matches!(client.write_lock("doc:7").await, Err(LockError::Timeout { .. })));
+    /// let read_token = a.fence();
+    /// assert_eq!(b.fence(), read_token);
+    /// a.release().await?;
+    /// b.release().await?;
+    /// let w = client.write_lock("doc:7").await?;
+    /// assert!(w.fence() > read_token);
+    /// # Ok(()) }
+    /// ```
+    pub fn read_lock(&self, key: impl Into<String>) -> LockRequest {
+        LockRequest::new(self.clone(), key.into()).shared()
+    }
+
+    /// The exclusive lock on `key`: the same as [`lock`](Self::lock), named
+    /// to pair with [`read_lock`](Self::read_lock).
+    pub fn write_lock(&self, key: impl Into<String>) -> LockRequest {
+        self.lock(key)
+    }
+
+    /// [`lock_all`](Self::lock_all) with read locks: all keys read-held, or
+    /// none (what `#[distributed_lock(keys = [...], mode = "read")]` takes).
+    pub fn read_lock_all(&self, keys: impl IntoIterator<Item = impl Into<String>>) -> LockRequest {
+        self.lock_all(keys).shared()
+    }
+
     /// One lock over several keys: all of them or none. Keys are taken in
     /// sorted order (two callers naming the same keys in different orders
     /// cannot deadlock), duplicates count once, and a key that cannot be

@@ -32,6 +32,16 @@ pub enum LockError {
         key: String,
     },
 
+    /// A task holding the read lock on `key` asked for its write lock.
+    /// Refused at once: waiting for the other readers to leave would
+    /// deadlock with any of them doing the same. Take the write lock from
+    /// the start, or release the read lock first.
+    #[error("lock `{key}` is read-held in this scope: a read lock cannot be upgraded to a write lock (take the write lock from the start)")]
+    UpgradeRefused {
+        /// The user's key.
+        key: String,
+    },
+
     /// The key cannot name a lock.
     #[error("invalid lock key `{key}`: {reason}")]
     InvalidKey {

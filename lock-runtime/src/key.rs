@@ -78,6 +78,12 @@ impl LockName {
         format!("{}:waiters", self.hash)
     }
 
+    /// `prefix{key}:readers`: a read-held lock's readers, each with the
+    /// end of its own lease (server ms).
+    pub(crate) fn readers(&self) -> String {
+        format!("{}:readers", self.hash)
+    }
+
     /// `prefix{key}:granted:`: followed by a client id, the channel on
     /// which that client hears the grants handed to its waiters.
     pub(crate) fn grants(&self) -> String {
@@ -88,6 +94,15 @@ impl LockName {
     pub(crate) fn grant_channel(&self, client: &str) -> Arc<str> {
         format!("{}:granted:{client}", self.hash).into()
     }
+}
+
+/// Whether an owner id is a reader's (`<client id>:r<n>`): every backend
+/// tells a read hold from a write hold by its owner id, so the mode needs
+/// no field of its own anywhere a hold is kept.
+pub(crate) fn is_reader(owner: &str) -> bool {
+    owner
+        .find(':')
+        .is_some_and(|i| owner.as_bytes().get(i + 1) == Some(&b'r'))
 }
 
 /// The client id at the front of an owner id (`<client id>:<n>`).
@@ -115,6 +130,8 @@ mod tests {
         assert_eq!(&*n.channel(), "lock:{order:42}:released");
         assert_eq!(n.queue(), "lock:{order:42}:queue");
         assert_eq!(n.waiters(), "lock:{order:42}:waiters");
+        assert_eq!(n.readers(), "lock:{order:42}:readers");
+        assert!(is_reader("c1:r7") && !is_reader("c1:7") && !is_reader("r:7"));
         assert_eq!(n.grants(), "lock:{order:42}:granted:");
         assert_eq!(&*n.grant_channel("c1"), "lock:{order:42}:granted:c1");
         let back = LockName::of_grant_channel(&n.grant_channel("c1")).unwrap();

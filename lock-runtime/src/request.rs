@@ -55,6 +55,8 @@ pub struct LockRequest {
     pub(crate) key: String,
     /// A multi-key lock's other keys (`LockClient::lock_all`).
     more: Vec<String>,
+    /// Shared (`LockClient::read_lock`) rather than exclusive.
+    read: bool,
     lease: Option<Duration>,
     wait: Option<Duration>,
     pub(crate) on_lost: OnLost,
@@ -71,6 +73,7 @@ impl LockRequest {
             client,
             key,
             more: Vec::new(),
+            read: false,
             lease: None,
             wait: None,
             on_lost: OnLost::default(),
@@ -78,6 +81,12 @@ impl LockRequest {
             max_hold: None,
             label: "manual",
         }
+    }
+
+    /// A read lock: shared with other readers (see [`LockClient::read_lock`]).
+    pub(crate) fn shared(mut self) -> Self {
+        self.read = true;
+        self
     }
 
     /// More keys for this lock (see [`LockClient::lock_all`]).
@@ -198,6 +207,7 @@ impl LockRequest {
                 client: self.client.clone(),
                 key,
                 more: Vec::new(),
+                read: self.read,
                 lease: self.lease,
                 wait: Some(deadline.saturating_duration_since(Instant::now())),
                 on_lost: self.on_lost,
@@ -227,6 +237,7 @@ impl LockRequest {
         let LockRequest {
             client,
             key,
+            read,
             lease,
             wait,
             min_hold,
@@ -257,13 +268,15 @@ impl LockRequest {
             label,
         };
         let scope = scope::current();
-        if let Some(guard) = reenter(&client, &scope, &name, lease)? {
+        if let Some(guard) = reenter(&client, &scope, &name, lease, read)? {
             return Ok(guard);
         }
         // Unique to this acquisition: a repeated send is recognised, and a
-        // clean-up can never touch another hold.
+        // clean-up can never touch another hold. A reader's says so, which
+        // is how every backend tells the two kinds of hold apart.
+        let mode = if read { "r" } else { "" };
         let new_owner =
-            || -> Arc<str> { format!("{}:{}", client.inner.id, scope::next_holder()).into() };
+            || -> Arc<str> { format!("{}:{mode}{}", client.inner.id, scope::next_holder()).into() };
         let mut owner = new_owner();
         let started = Instant::now();
         // A huge wait means "as long as it takes".
@@ -373,7 +386,7 @@ impl LockRequest {
             if let Some(j) = joined.as_mut().as_pin_mut() {
                 j.enable();
             }
-            if let Some(guard) = reenter(&client, &scope, &name, lease)? {
+            if let Some(guard) = reenter(&client, &scope, &name, lease, read)? {
                 return Ok(guard);
             }
             if !matches!(&waiter, Some(w) if !w.is_stale()) {
@@ -605,17 +618,22 @@ fn lease_start(started: Instant, queued_at: Option<(Instant, Queued)>, at: Stamp
     }
 }
 
-/// Re-enter `name` if the caller's scope holds it.
+/// Re-enter `name` if the caller's scope holds it: a write hold serves
+/// reads and writes, a read hold only reads (`read`).
 fn reenter(
     client: &LockClient,
     scope: &Option<Arc<Scope>>,
     name: &LockName,
     lease: Duration,
+    read: bool,
 ) -> Result<Option<LockGuard>, LockError> {
     let Some(s) = scope else {
         return Ok(None);
     };
-    match s.reenter(&client.inner.id, &name.hash) {
+    match s.reenter(&client.inner.id, &name.hash, read) {
+        Reentry::Upgrade => Err(LockError::UpgradeRefused {
+            key: name.key.to_string(),
+        }),
         Reentry::Held(hold) => {
             client
                 .inner

@@ -6,7 +6,7 @@
 //! |---|---|---|
 //! | `Timeout` | 503, `Retry-After` | someone else holds the lock; asking again later may work |
 //! | `Lost` | 503 | the work lost its exclusivity midway and was stopped (`on_lost = "abort"`); nothing is wrong with the request, so not a 409, and a retry of an idempotent handler is what a client should do |
-//! | anything else | 500 | a setting or the lock service is broken; the client cannot help |
+//! | anything else | 500 | a setting, the code (`UpgradeRefused`) or the lock service is broken; the client cannot help |
 //!
 //! The body is a small JSON object: `{"error": "lock_busy" | "lock_lost" |
 //! "lock_unavailable", "key": …, "message": …}` (`key` only where the error
@@ -33,7 +33,7 @@ impl IntoResponse for LockError {
                 Some(key.as_str()),
                 None,
             ),
-            LockError::InvalidKey { key, .. } => (
+            LockError::InvalidKey { key, .. } | LockError::UpgradeRefused { key } => (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "lock_unavailable",
                 Some(key.as_str()),

@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 
 use crate::guard::Hold;
+use crate::key::is_reader;
 
 tokio::task_local! {
     static SCOPE: Arc<Scope>;
@@ -50,14 +51,18 @@ pub(crate) enum Reentry {
     Held(Arc<Hold>),
     /// Held, but the lock was lost: the new call must not run.
     Lost,
+    /// Read-held, and the write lock was asked for.
+    Upgrade,
     /// Not held here.
     No,
 }
 
 impl Scope {
-    pub(crate) fn reenter(&self, client: &Arc<str>, hash: &Arc<str>) -> Reentry {
+    /// A request for `hash` (a read lock if `read`) in this scope.
+    pub(crate) fn reenter(&self, client: &Arc<str>, hash: &Arc<str>, read: bool) -> Reentry {
         let mut held = self.held.lock().unwrap();
         match held.get_mut(&(client.clone(), hash.clone())) {
+            Some((hold, _)) if !read && is_reader(&hold.owner) => Reentry::Upgrade,
             Some((hold, _)) if hold.is_lost() => Reentry::Lost,
             Some((hold, guards)) => {
                 *guards += 1;

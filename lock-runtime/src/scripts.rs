@@ -25,8 +25,9 @@ script!(ACQUIRE, ACQUIRE_SHA, "acquire.lua");
 script!(RENEW, RENEW_SHA, "renew.lua");
 script!(RELEASE, RELEASE_SHA, "release.lua");
 script!(RAISE_FENCE, RAISE_FENCE_SHA, "raise_fence.lua");
+script!(RENEW_READ, RENEW_READ_SHA, "renew_read.lua");
 
-pub(crate) const ALL: [&Script; 4] = [&ACQUIRE, &RENEW, &RELEASE, &RAISE_FENCE];
+pub(crate) const ALL: [&Script; 5] = [&ACQUIRE, &RENEW, &RELEASE, &RAISE_FENCE, &RENEW_READ];
 
 impl Script {
     /// `EVALSHA sha numkeys keys.. args..`.

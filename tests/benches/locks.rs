@@ -23,6 +23,8 @@ mod monitor;
 mod proxy;
 #[path = "locks/python.rs"]
 mod python;
+#[path = "locks/read_heavy.rs"]
+mod read_heavy;
 #[path = "locks/redlock.rs"]
 mod redlock;
 #[path = "locks/report.rs"]
@@ -153,6 +155,10 @@ fn main() {
     if ctx.wants(7) {
         step("case 7: acquire latency by deployment");
         deployments::run(&ctx, &mut report);
+    }
+    if ctx.wants(8) {
+        step("case 8: read-heavy, one hot key");
+        read_heavy::run(&ctx, &mut report);
     }
     step("done");
 

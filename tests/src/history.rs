@@ -90,6 +90,10 @@ pub enum Kind {
     Acquired {
         fence: u64,
     },
+    /// A read lock: shared with other readers, never with a writer.
+    AcquiredRead {
+        fence: u64,
+    },
     /// `LockError::Timeout`: the lock stayed busy for the whole wait.
     Timeout,
     /// Any other acquire error.
@@ -138,6 +142,7 @@ impl Event {
         let (name, a, b) = match self.kind {
             Kind::Attempt => ("attempt", None, None),
             Kind::Acquired { fence } => ("acquired", Some(fence), None),
+            Kind::AcquiredRead { fence } => ("acquired_read", Some(fence), None),
             Kind::Timeout => ("timeout", None, None),
             Kind::Failed => ("failed", None, None),
             Kind::Hold { ms } => ("hold", Some(ms), None),
@@ -179,6 +184,7 @@ impl Event {
         let kind = match name {
             "attempt" => Kind::Attempt,
             "acquired" => Kind::Acquired { fence: num()? },
+            "acquired_read" => Kind::AcquiredRead { fence: num()? },
             "timeout" => Kind::Timeout,
             "failed" => Kind::Failed,
             "hold" => Kind::Hold { ms: num()? },
@@ -368,6 +374,8 @@ struct Interval {
     start: u64,
     end: u64,
     fence: u64,
+    /// A read hold: may overlap other read holds, and shares its token.
+    shared: bool,
     confirm: Confirm,
     /// The end is a loss notice (lost / release said lost or failed).
     told_lost: bool,
@@ -399,6 +407,10 @@ struct WriteRec {
 pub struct Report {
     pub attempts: u64,
     pub acquisitions: u64,
+    /// Of which read holds.
+    pub read_acquisitions: u64,
+    /// Read holds that overlapped (allowed: readers share).
+    pub shared_overlaps: u64,
     pub timeouts: u64,
     pub failures: u64,
     pub faults: BTreeMap<&'static str, u64>,
@@ -521,6 +533,7 @@ pub fn check(history: &History, cfg: &CheckConfig) -> Report {
         let key = evs[0].key.clone();
         let attempt = evs.iter().find(|e| e.kind == Kind::Attempt).map(|e| e.t);
         let mut acquired = None;
+        let mut shared = false;
         let mut end: Option<(u64, Confirm, bool)> = None;
         let mut releasing = None;
         let mut pending: Vec<(u64, u64)> = Vec::new();
@@ -531,6 +544,12 @@ pub fn check(history: &History, cfg: &CheckConfig) -> Report {
                 Kind::Acquired { fence } => {
                     r.acquisitions += 1;
                     acquired = Some((e.t, fence));
+                }
+                Kind::AcquiredRead { fence } => {
+                    r.acquisitions += 1;
+                    r.read_acquisitions += 1;
+                    acquired = Some((e.t, fence));
+                    shared = true;
                 }
                 Kind::Timeout => r.timeouts += 1,
                 Kind::Failed => r.failures += 1,
@@ -618,6 +637,7 @@ pub fn check(history: &History, cfg: &CheckConfig) -> Report {
             start,
             end: end_t.max(start),
             fence,
+            shared,
             confirm,
             told_lost,
             killed,
@@ -661,6 +681,10 @@ pub fn check(history: &History, cfg: &CheckConfig) -> Report {
         for b in ivs.iter() {
             active.retain(|a| a.end > b.start);
             for a in &active {
+                if a.shared && b.shared {
+                    r.shared_overlaps += 1;
+                    continue;
+                }
                 let o_start = b.start;
                 let o_end = a.end.min(b.end);
                 let overlap = o_end - o_start;
@@ -707,8 +731,9 @@ pub fn check(history: &History, cfg: &CheckConfig) -> Report {
         }
         for (_, mut acq) in by_epoch {
             acq.sort_by_key(|i| i.start);
+            // Readers share the current token: only writers' must differ.
             let mut seen: HashMap<u64, &Interval> = HashMap::new();
-            for i in &acq {
+            for i in acq.iter().filter(|i| !i.shared) {
                 if let Some(prev) = seen.insert(i.fence, i) {
                     r.fence_duplicates.push(format!(
                         "key {key}: fence {} given to proc {} op {} and proc {} op {}",
@@ -733,8 +758,10 @@ pub fn check(history: &History, cfg: &CheckConfig) -> Report {
                 if n == 0 {
                     continue;
                 }
+                // A writer's token is above every token handed out before
+                // it was attempted; a reader's is at least as high.
                 let (_, max_fence, idx) = prefix[n - 1];
-                if max_fence >= b.fence {
+                if max_fence > b.fence || (max_fence == b.fence && !b.shared) {
                     let a = acq[idx];
                     r.fence_out_of_order.push(format!(
                         "key {key}: proc {} op {} got fence {} after proc {} op {} had returned with fence {}",
@@ -875,6 +902,15 @@ impl Report {
                 self.acquisitions, self.attempts, self.timeouts, self.failures
             ),
         );
+        if self.read_acquisitions > 0 {
+            row(
+                "of which read holds",
+                format!(
+                    "{} ({} overlaps between readers, allowed)",
+                    self.read_acquisitions, self.shared_overlaps
+                ),
+            );
+        }
         let faults: Vec<String> = self
             .faults
             .iter()
@@ -1059,6 +1095,42 @@ mod tests {
             &cfg(),
         );
         assert_eq!(r.double_holders.len(), 1, "{r:?}");
+    }
+
+    fn read(p: u32, op: u64, from: u64, to: u64, fence: u64) -> Vec<Event> {
+        vec![
+            ev(from - 1, p, op, Kind::Attempt),
+            ev(from, p, op, Kind::AcquiredRead { fence }),
+            ev(to, p, op, Kind::Releasing),
+            ev(to + 1, p, op, Kind::Released),
+        ]
+    }
+
+    #[test]
+    fn readers_may_overlap_but_never_with_a_writer() {
+        // Two readers together, with one token: fine.
+        let mut events = held(1, 1, 10, 20, 5, Kind::Released);
+        events.extend(read(2, 1, 30, 60, 5));
+        events.extend(read(3, 1, 40, 70, 5));
+        let h = |events| History {
+            events,
+            faults: vec![],
+        };
+        let r = check(&h(events.clone()), &cfg());
+        assert!(r.violations().is_empty(), "{:?}", r.violations());
+        assert_eq!((r.read_acquisitions, r.shared_overlaps), (2, 1));
+        // A writer inside the readers' time: two double holders.
+        let mut with_writer = events.clone();
+        with_writer.extend(held(4, 1, 50, 55, 6, Kind::Released));
+        assert_eq!(check(&h(with_writer), &cfg()).double_holders.len(), 2);
+        // A reader's token below one handed out before it asked.
+        let mut stale = events.clone();
+        stale.extend(read(5, 1, 80, 90, 4));
+        assert_eq!(check(&h(stale), &cfg()).fence_out_of_order.len(), 1);
+        // A writer reusing the readers' token.
+        let mut reused = events;
+        reused.extend(held(6, 1, 80, 90, 5, Kind::Released));
+        assert_eq!(check(&h(reused), &cfg()).fence_out_of_order.len(), 1);
     }
 
     #[test]

@@ -11,6 +11,7 @@ pub mod fenced;
 pub mod global;
 pub mod history;
 pub mod proxy;
+pub mod read_write;
 pub mod reply_loss;
 pub mod semantics;
 pub mod sentinel;

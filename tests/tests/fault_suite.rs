@@ -303,7 +303,7 @@ fn read_worker(
             );
             let mut l = live.lock().unwrap();
             match ev.kind {
-                Kind::Acquired { .. } => {
+                Kind::Acquired { .. } | Kind::AcquiredRead { .. } => {
                     acquired.fetch_add(1, Ordering::Relaxed);
                     l.holding.entry(id).or_default().insert(ev.op, ev.t);
                 }
@@ -459,6 +459,10 @@ fn run(mut s: Scenario<'_>, plan: Plan, workers: usize) -> Report {
 
     let idle = s.fleet.stop_all(Duration::from_secs(30));
     let renewing: usize = idle.values().sum();
+    // A grant message that crossed a waiter's timeout is released by its
+    // client 1 s later (an unclaimed grant, `ORPHAN_AFTER`), plus that
+    // release's round trip: the quiet period starts after that.
+    std::thread::sleep(Duration::from_millis(1_500));
     // Quiet period: idle clients must send no lock commands.
     s.server.reset_stats();
     std::thread::sleep(LEASE * 2);

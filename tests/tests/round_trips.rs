@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use lock_runtime::{distributed_lock, LockError};
+use lock_runtime::{distributed_lock, LockClient, LockError};
 use tests::RedisServer;
 
 static SEEN: AtomicU64 = AtomicU64::new(0);
@@ -131,4 +131,89 @@ async fn round_trips_per_operation_counted_by_redis() {
         "Redis commands for one lock + unlock, by command"
     );
     assert_eq!(work, 7, "Redis commands for one lock + unlock");
+}
+
+/// What a read lock costs Redis: one EVALSHA to take it, one to release
+/// it, and the watchdog's one call per tick for all of a client's read
+/// holds.
+#[tokio::test]
+async fn read_lock_round_trips_counted_by_redis() {
+    let server = RedisServer::start();
+    let client = LockClient::connect(&server.url()).await.unwrap();
+    let other = LockClient::connect(&server.url()).await.unwrap();
+    // A key a writer held before (its fence counter exists); then fresh,
+    // joining a read-held key, and the two releases.
+    client
+        .write_lock("rt:doc")
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    server.reset_stats();
+    let a = client.read_lock("rt:doc").await.unwrap();
+    let fresh = (sent(&server), server.all_calls());
+    server.reset_stats();
+    let b = other.read_lock("rt:doc").await.unwrap();
+    let join = (sent(&server), server.all_calls());
+    server.reset_stats();
+    b.release().await.unwrap();
+    let leave = (sent(&server), server.all_calls());
+    server.reset_stats();
+    a.release().await.unwrap();
+    let last = (sent(&server), server.all_calls());
+
+    // 300 read holds of one client, lease 900 ms: one call per tick.
+    let mut guards = Vec::new();
+    for i in 0..300 {
+        guards.push(
+            client
+                .read_lock(format!("rt:docs:{i}"))
+                .lease(Duration::from_millis(900))
+                .await
+                .unwrap(),
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    server.reset_stats();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let ticks_window = sent(&server);
+    let renewed = server.calls("hset");
+    for g in guards {
+        g.release().await.unwrap();
+    }
+
+    println!("\n== read locks: (EVALSHA, Redis commands) per operation ==");
+    for (what, n) in [
+        ("read lock, fresh", fresh),
+        ("read lock, joining readers", join),
+        ("read release, others remain", leave),
+        ("read release, the last reader", last),
+    ] {
+        println!("  {what:<38} {n:?}");
+    }
+    println!(
+        "  {:<38} {ticks_window} calls for {renewed} renewals in 1.5 s",
+        "read renewal ticks"
+    );
+    for (what, (calls, _)) in [
+        ("fresh", fresh),
+        ("join", join),
+        ("leave", leave),
+        ("last", last),
+    ] {
+        assert_eq!(calls, 1, "{what}: one EVALSHA");
+    }
+    // Fresh: EVALSHA, GET lock, GET fence, DEL + SET + TIME + HSET +
+    // PEXPIRE. The last release: EVALSHA, GET, HDEL, HLEN, DEL.
+    assert_eq!(fresh.1, 8, "Redis commands for a fresh read lock");
+    assert_eq!(last.1, 5, "Redis commands for the last reader's release");
+    assert!(
+        (3..=7).contains(&ticks_window),
+        "{ticks_window} renew calls in 1.5 s for 300 read holds"
+    );
+    assert!(
+        renewed >= 2 * 300,
+        "only {renewed} reader renewals of 300 in 1.5 s"
+    );
 }

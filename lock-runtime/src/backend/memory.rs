@@ -10,8 +10,8 @@ use tokio::time::Instant;
 
 use super::fault::Fault;
 use super::{Acquired, Queue, Released, Renewal, Renewed};
-use crate::key::client_of;
 use crate::key::LockName;
+use crate::key::{client_of, is_reader};
 use crate::wakeups::{Grant, Stamp, Waiter, Wakeups};
 
 #[derive(Default)]
@@ -34,34 +34,97 @@ struct Queued {
     until: Instant,
 }
 
-struct Lock {
-    owner: Arc<str>,
-    expires: Instant,
+/// A held lock: one writer, or readers each with a lease of its own.
+enum Lock {
+    Written { owner: Arc<str>, expires: Instant },
+    Read(HashMap<Arc<str>, Instant>),
 }
 
-impl State {
-    /// The live lock under `hash`, dropping it if its lease ran out.
-    fn live(&mut self, hash: &str, now: Instant) -> Option<&mut Lock> {
-        if self.locks.get(hash).is_some_and(|l| l.expires <= now) {
-            self.locks.remove(hash);
+impl Lock {
+    fn is_owner(&self, owner: &str) -> bool {
+        match self {
+            Lock::Written { owner: o, .. } => &**o == owner,
+            Lock::Read(readers) => readers.contains_key(owner),
         }
-        self.locks.get_mut(hash)
+    }
+
+    /// When the last lease ends.
+    fn expires(&self) -> Instant {
+        match self {
+            Lock::Written { expires, .. } => *expires,
+            Lock::Read(readers) => readers.values().copied().max().unwrap_or_else(Instant::now),
+        }
+    }
+
+    /// Extend `owner`'s lease, if it holds one.
+    fn extend(&mut self, owner: &str, until: Instant) -> bool {
+        match self {
+            Lock::Written { owner: o, expires } if &**o == owner => *expires = until,
+            Lock::Read(readers) => match readers.get_mut(owner) {
+                Some(ends) => *ends = until,
+                None => return false,
+            },
+            Lock::Written { .. } => return false,
+        }
+        true
     }
 }
 
 impl State {
-    /// Make `owner` the holder; returns its token.
+    /// The live lock under `hash`, dropping readers and writers whose
+    /// lease ran out.
+    fn live(&mut self, hash: &str, now: Instant) -> Option<&mut Lock> {
+        let gone = match self.locks.get_mut(hash) {
+            Some(Lock::Read(readers)) => {
+                readers.retain(|_, ends| *ends > now);
+                readers.is_empty()
+            }
+            Some(Lock::Written { expires, .. }) => *expires <= now,
+            None => false,
+        };
+        if gone {
+            self.locks.remove(hash);
+        }
+        self.locks.get_mut(hash)
+    }
+
+    /// Whether a live writer waits in the queue: new readers queue behind.
+    fn writer_waits(&self, hash: &str, now: Instant) -> bool {
+        self.queues
+            .get(hash)
+            .is_some_and(|q| q.iter().any(|w| !is_reader(&w.owner) && w.until > now))
+    }
+}
+
+impl State {
+    /// Make `owner` the holder (a reader joins the readers); returns its
+    /// token: a writer's is new, a reader's the current one.
     fn take(&mut self, name: &LockName, owner: Arc<str>, lease: Duration, now: Instant) -> u64 {
+        let fence = self.fences.entry(name.hash.clone()).or_insert(0);
+        if is_reader(&owner) {
+            match self.locks.get_mut(&name.hash) {
+                Some(Lock::Read(readers)) => {
+                    readers.insert(owner, now + lease);
+                }
+                _ => {
+                    self.locks.insert(
+                        name.hash.clone(),
+                        Lock::Read(HashMap::from([(owner, now + lease)])),
+                    );
+                }
+            }
+            return *fence;
+        }
+        *fence += 1;
+        let fence = *fence;
         self.locks.insert(
             name.hash.clone(),
-            Lock {
+            Lock::Written {
                 owner,
                 expires: now + lease,
             },
         );
-        let fence = self.fences.entry(name.hash.clone()).or_insert(0);
-        *fence += 1;
-        *fence
+        fence
     }
 
     fn leave_queue(&mut self, hash: &str, owner: &str) {
@@ -88,13 +151,15 @@ impl MemoryBackend {
     ) -> Acquired {
         let now = Instant::now();
         let mut state = self.state.lock().unwrap();
-        if let Some(lock) = state.live(&name.hash, now) {
-            if lock.owner == *owner {
-                lock.expires = now + lease;
+        let shared = is_reader(owner)
+            && matches!(state.live(&name.hash, now), Some(Lock::Read(_)))
+            && !state.writer_waits(&name.hash, now);
+        if let Some(lock) = state.live(&name.hash, now).filter(|_| !shared) {
+            if lock.extend(owner, now + lease) {
                 let fence = state.fences.get(&name.hash).copied().unwrap_or(0);
                 return Acquired::Repeated { fence };
             }
-            let ttl = Some(lock.expires - now);
+            let ttl = Some(lock.expires() - now);
             let Some(stay) = queue.stay else {
                 return Acquired::Busy { ttl, queued: None };
             };
@@ -123,7 +188,13 @@ impl MemoryBackend {
         let now = Instant::now();
         let mut state = self.state.lock().unwrap();
         match state.live(&name.hash, now) {
-            Some(lock) if lock.owner == *owner => {}
+            Some(Lock::Read(readers)) if readers.contains_key(&**owner) => {
+                readers.remove(&**owner);
+                if !readers.is_empty() {
+                    return Released::Freed;
+                }
+            }
+            Some(lock) if lock.is_owner(owner) => {}
             _ => {
                 state.leave_queue(&name.hash, owner);
                 return Released::NotOwner;
@@ -131,16 +202,20 @@ impl MemoryBackend {
         }
         state.locks.remove(&name.hash);
         // Serve the first waiter still waiting whose client takes the
-        // grant; the rest stay queued.
-        while let Some(next) = state
-            .queues
-            .get_mut(&name.hash)
-            .and_then(VecDeque::pop_front)
-        {
+        // grant (a reader: with every reader right behind it); the rest
+        // stay queued.
+        let mut readers = false;
+        while let Some(next) = state.queues.get_mut(&name.hash).and_then(|q| {
+            q.front()
+                .is_some_and(|w| !readers || is_reader(&w.owner))
+                .then(|| q.pop_front())
+                .flatten()
+        }) {
             if next.until <= now {
                 continue;
             }
-            let fence = state.fences.get(&name.hash).copied().unwrap_or(0) + 1;
+            let reader = is_reader(&next.owner);
+            let fence = state.fences.get(&name.hash).copied().unwrap_or(0) + u64::from(!reader);
             let channel = name.grant_channel(client_of(&next.owner));
             let grant = Grant {
                 fence,
@@ -148,7 +223,10 @@ impl MemoryBackend {
             };
             if self.wakeups.deliver(&channel, &next.owner, grant) {
                 state.take(name, next.owner, next.lease, now);
-                break;
+                if !reader {
+                    break;
+                }
+                readers = true;
             }
         }
         if state.queues.get(&name.hash).is_some_and(VecDeque::is_empty) {
@@ -161,8 +239,8 @@ impl MemoryBackend {
         let now = Instant::now();
         let mut state = self.state.lock().unwrap();
         match state.live(&r.name.hash, now) {
-            Some(lock) if lock.owner == r.owner => {
-                lock.expires = now + r.lease;
+            Some(lock) if lock.is_owner(&r.owner) => {
+                lock.extend(&r.owner, now + r.lease);
                 Renewed::Yes
             }
             _ => Renewed::NotOwner,
@@ -218,7 +296,7 @@ impl MemoryBackend {
         let mut state = self.state.lock().unwrap();
         let holds = state
             .live(&name.hash, Instant::now())
-            .is_some_and(|l| l.owner == *owner);
+            .is_some_and(|l| l.is_owner(owner));
         let queued = holds
             || state
                 .queues

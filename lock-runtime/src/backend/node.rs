@@ -14,7 +14,7 @@ use redis::{Cmd, ConnectionInfo, FromRedisValue, Pipeline};
 use super::endpoint::{self, Access};
 use super::fault::Fault;
 use super::{Acquired, Queue, Queued, Released, Renewal, Renewed};
-use crate::key::LockName;
+use crate::key::{is_reader, LockName};
 use crate::scripts::{self, Script};
 
 /// Renewals per EVALSHA: keeps one script call short enough not to stall
@@ -339,7 +339,13 @@ impl RedisNode {
             (Some(_), false) => "w".to_owned(),
             (Some(stay), true) => millis(stay).to_string(),
         };
-        let keys = [&*name.hash, &name.fence(), &name.queue(), &name.waiters()];
+        let keys = [
+            &*name.hash,
+            &name.fence(),
+            &name.queue(),
+            &name.waiters(),
+            &name.readers(),
+        ];
         let sent = std::sync::atomic::AtomicBool::new(false);
         let reply: Vec<i64> = self
             .retrying(|limit| {
@@ -398,7 +404,13 @@ impl RedisNode {
         let (freed, repeated): (i64, bool) = self
             .eval_noting_repeats(
                 &scripts::RELEASE,
-                &[&name.hash, &name.fence(), &name.queue(), &name.waiters()],
+                &[
+                    &name.hash,
+                    &name.fence(),
+                    &name.queue(),
+                    &name.waiters(),
+                    &name.readers(),
+                ],
                 &[owner, &name.grants(), publish, &name.channel(), flag],
             )
             .await?;
@@ -423,13 +435,14 @@ impl RedisNode {
         let mut pipe = Pipeline::new();
         pipe.cmd("HEXISTS").arg(name.waiters()).arg(owner);
         pipe.cmd("GET").arg(&*name.hash);
-        let (queued, value): (bool, Option<String>) = self
+        pipe.cmd("HEXISTS").arg(name.readers()).arg(owner);
+        let (queued, value, reads): (bool, Option<String>, bool) = self
             .retrying(|limit| {
                 self.query(Query::Pipe(pipe.clone()), "checking the lock queue", limit)
             })
             .await?;
         let holder = value.as_deref().and_then(|v| v.split(' ').next());
-        Ok(queued || holder == Some(owner))
+        Ok(queued || holder == Some(owner) || (reads && holder == Some("~r")))
     }
 
     /// Raise the fence counter to at least `fence` (Redlock).
@@ -450,11 +463,8 @@ impl RedisNode {
         let op = self.settings.op_timeout;
         match self.retrying(|limit| self.renew_once(batch, limit)).await {
             Err(Fault::Redis { source, .. }) if scripts::is_noscript(&source) => {
-                match self
-                    .query::<String>(Query::Cmd(scripts::RENEW.load()), "loading lock script", op)
-                    .await
-                {
-                    Ok(_) => self.renew_once(batch, op).await,
+                match self.load_scripts().await {
+                    Ok(()) => self.renew_once(batch, op).await,
                     Err(e) => Err(e),
                 }
             }
@@ -471,13 +481,17 @@ impl RedisNode {
 
     async fn renew_one(&self, r: &Renewal) -> Renewed {
         let lease = millis(r.lease).to_string();
-        match self
-            .eval::<Vec<u8>>(&scripts::RENEW, &[&r.name.hash], &{
-                let (front, rest) = owner_parts(&r.owner);
-                [&*lease, front, rest]
-            })
-            .await
-        {
+        let (front, rest) = owner_parts(&r.owner);
+        let args = [&*lease, front, rest];
+        let out = if is_reader(&r.owner) {
+            let keys = [&*r.name.hash, &r.name.readers()];
+            self.eval::<Vec<u8>>(&scripts::RENEW_READ, &keys, &args)
+                .await
+        } else {
+            self.eval::<Vec<u8>>(&scripts::RENEW, &[&r.name.hash], &args)
+                .await
+        };
+        match out {
             Ok(flags) if flags.first() == Some(&b'1') => Renewed::Yes,
             Ok(_) => Renewed::NotOwner,
             Err(e) => Renewed::Failed(e),
@@ -489,33 +503,46 @@ impl RedisNode {
         // lease, and all share the front of their owner ids, which then
         // travel once per call instead of once per lock. Each owner id is
         // split once: with 100k locks a tick, that is most of the work here.
-        let parts: Vec<(Duration, &str, &str)> = batch
+        // Read holds (owner ids `<client id>:r<n>`) go to their own script,
+        // which also needs each lock's readers.
+        let parts: Vec<(Duration, &str, bool, &str)> = batch
             .iter()
             .map(|r| {
                 let (front, rest) = owner_parts(&r.owner);
-                (r.lease, front, rest)
+                (r.lease, front, rest.starts_with('r'), rest)
             })
             .collect();
-        let group = |i: usize| (parts[i].0, parts[i].1);
+        let group = |i: usize| (parts[i].0, parts[i].1, parts[i].2);
         let mut order: Vec<usize> = (0..batch.len()).collect();
         if parts
             .windows(2)
-            .any(|w| (w[0].0, w[0].1) != (w[1].0, w[1].1))
+            .any(|w| (w[0].0, w[0].1, w[0].2) != (w[1].0, w[1].1, w[1].2))
         {
             order.sort_by(|&a, &b| group(a).cmp(&group(b)));
         }
         let mut pipe = Pipeline::new();
         let mut calls = 0;
         for same in order.chunk_by(|&a, &b| group(a) == group(b)) {
-            let (lease, front) = group(same[0]);
+            let (lease, front, read) = group(same[0]);
             let lease = millis(lease).to_string();
             for chunk in same.chunks(RENEW_CHUNK) {
-                let keys: Vec<&str> = chunk.iter().map(|&i| &*batch[i].name.hash).collect();
                 let mut args: Vec<&str> = Vec::with_capacity(chunk.len() + 2);
                 args.push(&lease);
                 args.push(front);
-                args.extend(chunk.iter().map(|&i| parts[i].2));
-                pipe.add_command(scripts::RENEW.evalsha(&keys, &args));
+                args.extend(chunk.iter().map(|&i| parts[i].3));
+                if read {
+                    let readers: Vec<String> =
+                        chunk.iter().map(|&i| batch[i].name.readers()).collect();
+                    let keys: Vec<&str> = chunk
+                        .iter()
+                        .zip(&readers)
+                        .flat_map(|(&i, r)| [&*batch[i].name.hash, r.as_str()])
+                        .collect();
+                    pipe.add_command(scripts::RENEW_READ.evalsha(&keys, &args));
+                } else {
+                    let keys: Vec<&str> = chunk.iter().map(|&i| &*batch[i].name.hash).collect();
+                    pipe.add_command(scripts::RENEW.evalsha(&keys, &args));
+                }
                 calls += 1;
             }
         }

@@ -31,15 +31,15 @@ fn redis_cpu(port: u16) -> f64 {
 
 /// What one contender did in its window.
 #[derive(Clone, Copy)]
-struct Window {
-    per_sec: f64,
+pub(crate) struct Window {
+    pub(crate) per_sec: f64,
     /// Redis CPU seconds per cycle.
-    redis_cpu: f64,
+    pub(crate) redis_cpu: f64,
 }
 
 /// Cycles per second of `TASKS` tasks running `op(task, k)` back to back,
 /// and the Redis CPU each cycle cost over the same window.
-async fn run_tasks<F, Fut>(port: u16, warm: Duration, window: Duration, op: F) -> Window
+pub(crate) async fn run_tasks<F, Fut>(port: u16, warm: Duration, window: Duration, op: F) -> Window
 where
     F: Fn(usize, u64) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = ()> + Send + 'static,

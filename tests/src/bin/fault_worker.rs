@@ -6,7 +6,11 @@
 //! acquire it (lease 1 s, wait 2 s), write the fence to the fenced store
 //! (`-`: no store), sometimes hold it a while (a target for SIGSTOP), write
 //! again, release. `MODE` is `manual` (`client.lock`), `attr`
-//! (`#[distributed_lock]`) or `mixed` (a coin per op). Every step is printed
+//! (`#[distributed_lock]`) or `mixed` (a coin per op). One op in
+//! `READ_ONE_IN` takes the read lock instead (`read_lock`, `mode = "read"`):
+//! it shares the key with other readers, writes nothing, and holds it the
+//! same way, so the checker sees readers overlap each other and never a
+//! writer. Every step is printed
 //! as a history line (`tests::history`), stamped with `CLOCK_MONOTONIC`;
 //! `E <message>` lines describe errors.
 //!
@@ -26,6 +30,8 @@ use tests::history::{Kind, Recorder};
 /// The lease every holder uses (the attribute below says the same).
 const LEASE: Duration = Duration::from_secs(1);
 const WAIT: Duration = Duration::from_secs(2);
+/// One op in this many is a reader.
+const READ_ONE_IN: u32 = 4;
 /// One op in this many holds its lock for a while.
 const LONG_HOLD_ONE_IN: u32 = 40;
 
@@ -40,9 +46,12 @@ fn error_line(what: &str, e: &dyn std::fmt::Display) {
     println!("E {what}: {msg}");
 }
 
-/// The holder's work: fenced writes, sometimes a long hold between them.
-async fn work(ctx: &Ctx, op: u64, key: &str, fence: u64) {
-    write(ctx, op, key, fence).await;
+/// The holder's work: fenced writes (none for a reader), sometimes a long
+/// hold between them.
+async fn work(ctx: &Ctx, op: u64, key: &str, fence: u64, read: bool) {
+    if !read {
+        write(ctx, op, key, fence).await;
+    }
     if fastrand::u32(..LONG_HOLD_ONE_IN) == 0 {
         let ms = fastrand::u64(80..200);
         ctx.rec.record(op, key, Kind::Hold { ms });
@@ -50,7 +59,9 @@ async fn work(ctx: &Ctx, op: u64, key: &str, fence: u64) {
     } else {
         tokio::task::yield_now().await;
     }
-    write(ctx, op, key, fence).await;
+    if !read {
+        write(ctx, op, key, fence).await;
+    }
 }
 
 async fn write(ctx: &Ctx, op: u64, key: &str, fence: u64) {
@@ -68,17 +79,22 @@ async fn write(ctx: &Ctx, op: u64, key: &str, fence: u64) {
     ctx.rec.record(op, key, kind);
 }
 
-async fn manual_op(client: &LockClient, ctx: &Ctx, op: u64, key: &str) {
+async fn manual_op(client: &LockClient, ctx: &Ctx, op: u64, key: &str, read: bool) {
     ctx.rec.record(op, key, Kind::Attempt);
-    match client.lock(key).lease(LEASE).wait(WAIT).await {
+    let request = if read {
+        client.read_lock(key)
+    } else {
+        client.write_lock(key)
+    };
+    match request.lease(LEASE).wait(WAIT).await {
         Ok(guard) => {
             let fence = guard.fence();
-            ctx.rec.record(op, key, Kind::Acquired { fence });
+            ctx.rec.record(op, key, acquired(fence, read));
             let lost = guard.lost();
             let finished = tokio::select! {
                 biased;
                 () = lost => false,
-                () = work(ctx, op, key, fence) => true,
+                () = work(ctx, op, key, fence, read) => true,
             };
             ctx.rec.record(
                 op,
@@ -120,18 +136,41 @@ impl From<LockError> for OpError {
     }
 }
 
-#[distributed_lock(key = "{key}", lease = "1s", wait = "2s")]
-async fn attributed(key: &str, op: u64, ctx: &Ctx) -> Result<(), OpError> {
+fn acquired(fence: u64, read: bool) -> Kind {
+    if read {
+        Kind::AcquiredRead { fence }
+    } else {
+        Kind::Acquired { fence }
+    }
+}
+
+/// The body of both attributed ops.
+async fn body(key: &str, op: u64, ctx: &Ctx, read: bool) -> Result<(), OpError> {
     let fence = lock_runtime::current_fence().ok_or(OpError::NoFence)?;
-    ctx.rec.record(op, key, Kind::Acquired { fence });
-    work(ctx, op, key, fence).await;
+    ctx.rec.record(op, key, acquired(fence, read));
+    work(ctx, op, key, fence, read).await;
     ctx.rec.record(op, key, Kind::BodyEnd);
     Ok(())
 }
 
-async fn attr_op(ctx: &Ctx, op: u64, key: &str) {
+#[distributed_lock(key = "{key}", lease = "1s", wait = "2s")]
+async fn attributed(key: &str, op: u64, ctx: &Ctx) -> Result<(), OpError> {
+    body(key, op, ctx, false).await
+}
+
+#[distributed_lock(key = "{key}", lease = "1s", wait = "2s", mode = "read")]
+async fn attributed_read(key: &str, op: u64, ctx: &Ctx) -> Result<(), OpError> {
+    body(key, op, ctx, true).await
+}
+
+async fn attr_op(ctx: &Ctx, op: u64, key: &str, read: bool) {
     ctx.rec.record(op, key, Kind::Attempt);
-    match attributed(key, op, ctx).await {
+    let out = if read {
+        attributed_read(key, op, ctx).await
+    } else {
+        attributed(key, op, ctx).await
+    };
+    match out {
         Ok(()) => {}
         // The body was stopped: the lock was lost while it ran.
         Err(OpError::Lock(LockError::Lost { .. })) => ctx.rec.record(op, key, Kind::Lost),
@@ -241,10 +280,11 @@ fn main() {
                             "mixed" => fastrand::bool(),
                             _ => false,
                         };
+                        let read = fastrand::u32(..READ_ONE_IN) == 0;
                         if attr {
-                            attr_op(&ctx, op, key).await;
+                            attr_op(&ctx, op, key, read).await;
                         } else {
-                            manual_op(&client, &ctx, op, key).await;
+                            manual_op(&client, &ctx, op, key, read).await;
                         }
                     }
                 })
