@@ -1,7 +1,8 @@
 -- Take a lock for one acquisition, or join its queue of waiters.
 -- KEYS[1] lock, KEYS[2] fence counter, KEYS[3] queue (owner ids, FIFO),
 -- KEYS[4] waiters (owner id -> "<lease ms> <queued until, server ms>"),
--- KEYS[5] readers (reader owner id -> its lease's end, server ms)
+-- KEYS[5] readers (a sorted set: reader owner ids by their lease's end,
+-- server ms)
 -- ARGV[1] owner id ("<client id>:<n>", unique per acquisition)
 -- ARGV[2] lease in ms
 -- ARGV[3] the token floor in microseconds; '' = this server's clock
@@ -67,7 +68,7 @@ end
 -- at least that long.
 local function add_reader()
   local lease = tonumber(ARGV[2])
-  redis.call('hset', KEYS[5], owner, now_ms() + lease)
+  redis.call('zadd', KEYS[5], now_ms() + lease, owner)
   for _, k in ipairs({KEYS[1], KEYS[5]}) do
     if redis.call('pttl', k) < lease then
       redis.call('pexpire', k, lease)
@@ -102,14 +103,14 @@ if reader then
     -- those readers learn at their next renewal.)
     redis.call('del', KEYS[5])
     redis.call('set', KEYS[1], '~r', 'PX', ARGV[2])
-    redis.call('hset', KEYS[5], owner, now_ms() + tonumber(ARGV[2]))
+    redis.call('zadd', KEYS[5], now_ms() + tonumber(ARGV[2]), owner)
     redis.call('pexpire', KEYS[5], ARGV[2])
     left_queue('~r')
     return {1, token}
   end
   if type(cur) == 'string' and (cur == '~r' or string.sub(cur, 1, 3) == '~r ') then
     local mark = string.match(cur, '^~r (%S*)') or ''
-    local mine = redis.call('hexists', KEYS[5], owner) == 1
+    local mine = redis.call('zscore', KEYS[5], owner) ~= false
     if mine or (mark ~= 'w' and (mark ~= 'q' or not writer_waits())) then
       local token = current_token()
       if not token then

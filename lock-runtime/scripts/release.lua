@@ -51,7 +51,7 @@ local function clock()
   end
 end
 if reader then
-  if holder ~= '~r' or redis.call('hdel', KEYS[5], owner) == 0 then
+  if holder ~= '~r' or redis.call('zrem', KEYS[5], owner) == 0 then
     withdraw()
     if from == owner then
       -- This release ran before and handed the lock over.
@@ -60,25 +60,18 @@ if reader then
     return 0
   end
   -- Other readers still in their lease keep the lock for the longest of
-  -- them; a reader that died is dropped here, its lease over. (An emptied
-  -- hash is gone by itself.)
-  local longest, entries = 0, {}
-  if redis.call('hlen', KEYS[5]) > 0 then
+  -- them; readers that died are dropped here, their lease over. (An
+  -- emptied set is gone by itself.)
+  if redis.call('zcard', KEYS[5]) > 0 then
     clock()
-    entries = redis.call('hgetall', KEYS[5])
-  end
-  for i = 1, #entries, 2 do
-    local ends = tonumber(entries[i + 1])
-    if not ends or ends <= now_ms then
-      redis.call('hdel', KEYS[5], entries[i])
-    elseif ends > longest then
-      longest = ends
+    redis.call('zremrangebyscore', KEYS[5], '-inf', now_ms)
+    local longest = redis.call('zrange', KEYS[5], -1, -1, 'WITHSCORES')[2]
+    if longest then
+      local left = tonumber(longest) - now_ms
+      redis.call('pexpire', KEYS[1], left)
+      redis.call('pexpire', KEYS[5], left)
+      return 1
     end
-  end
-  if longest > 0 then
-    redis.call('pexpire', KEYS[1], longest - now_ms)
-    redis.call('pexpire', KEYS[5], longest - now_ms)
-    return 1
   end
 elseif holder ~= owner then
   if from == owner then
@@ -164,7 +157,7 @@ if mark == 'q' then
         redis.call('del', KEYS[5])
         redis.call('set', KEYS[1], '~r', 'PX', lease)
       end
-      redis.call('hset', KEYS[5], head, now_ms + lease)
+      redis.call('zadd', KEYS[5], now_ms + lease, head)
       for _, k in ipairs({KEYS[1], KEYS[5]}) do
         if redis.call('pttl', k) < lease then
           redis.call('pexpire', k, lease)

@@ -13,9 +13,9 @@ for i = 1, #KEYS / 2 do
   local o = front .. ARGV[i + 2]
   local cur = redis.pcall('get', lock)
   local ends = type(cur) == 'string' and (cur == '~r' or string.sub(cur, 1, 3) == '~r ')
-    and tonumber(redis.call('hget', readers, o))
+    and tonumber(redis.call('zscore', readers, o))
   if ends and ends > now then
-    redis.call('hset', readers, o, now + lease)
+    redis.call('zadd', readers, now + lease, o)
     for _, k in ipairs({lock, readers}) do
       if redis.call('pttl', k) < lease then
         redis.call('pexpire', k, lease)

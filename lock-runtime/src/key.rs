@@ -78,8 +78,8 @@ impl LockName {
         format!("{}:waiters", self.hash)
     }
 
-    /// `prefix{key}:readers`: a read-held lock's readers, each with the
-    /// end of its own lease (server ms).
+    /// `prefix{key}:readers`: a read-held lock's readers, a sorted set
+    /// scored by the end of each one's own lease (server ms).
     pub(crate) fn readers(&self) -> String {
         format!("{}:readers", self.hash)
     }

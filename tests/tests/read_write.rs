@@ -141,13 +141,15 @@ async fn a_read_hold_is_the_lock_key_plus_one_entry_per_reader() {
     let a = clients[0].read_lock(&key).await.unwrap();
     let b = clients[1].read_lock(&key).await.unwrap();
     assert_eq!(server.try_get(&name(&key)).as_deref(), Some("~r"));
-    let readers: Vec<String> = server.cmd(&["HKEYS", &format!("{}:readers", name(&key))]);
+    let readers: Vec<String> =
+        server.cmd(&["ZRANGE", &format!("{}:readers", name(&key)), "0", "-1"]);
     assert_eq!(readers.len(), 2, "{readers:?}");
     assert!(readers.iter().all(|r| r.contains(":r")), "{readers:?}");
     let pttl: i64 = server.cmd(&["PTTL", &name(&key)]);
     assert!(pttl > 0, "a read hold without expiry: {pttl}");
     a.release().await.unwrap();
-    let readers: Vec<String> = server.cmd(&["HKEYS", &format!("{}:readers", name(&key))]);
+    let readers: Vec<String> =
+        server.cmd(&["ZRANGE", &format!("{}:readers", name(&key)), "0", "-1"]);
     assert_eq!(readers.len(), 1, "{readers:?}");
     b.release().await.unwrap();
     let mut left = server.keys(&format!("{}*", name(&key)));
@@ -309,13 +311,15 @@ async fn a_lost_reply_neither_fails_a_reader_nor_leaves_it_behind() {
             .await
             .unwrap_or_else(|e| panic!("round {round}: {e}"));
         assert!(!proxy.armed(), "round {round}: the loss did not fire");
-        let readers: Vec<String> = server.cmd(&["HKEYS", &format!("{}:readers", name(&key))]);
+        let readers: Vec<String> =
+            server.cmd(&["ZRANGE", &format!("{}:readers", name(&key)), "0", "-1"]);
         assert_eq!(readers.len(), 2, "round {round}: {readers:?}");
         proxy.lose_reply_to(name(&key).as_bytes());
         g.release()
             .await
             .unwrap_or_else(|e| panic!("round {round}: release: {e}"));
-        let readers: Vec<String> = server.cmd(&["HKEYS", &format!("{}:readers", name(&key))]);
+        let readers: Vec<String> =
+            server.cmd(&["ZRANGE", &format!("{}:readers", name(&key)), "0", "-1"]);
         assert_eq!(readers.len(), 1, "round {round}: {readers:?}");
         peer.release().await.unwrap();
         assert!(!server.exists(&name(&key)), "round {round}: left behind");

@@ -178,7 +178,7 @@ async fn read_lock_round_trips_counted_by_redis() {
     server.reset_stats();
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let ticks_window = sent(&server);
-    let renewed = server.calls("hset");
+    let renewed = server.calls("zadd");
     for g in guards {
         g.release().await.unwrap();
     }
@@ -204,8 +204,8 @@ async fn read_lock_round_trips_counted_by_redis() {
     ] {
         assert_eq!(calls, 1, "{what}: one EVALSHA");
     }
-    // Fresh: EVALSHA, GET lock, GET fence, DEL + SET + TIME + HSET +
-    // PEXPIRE. The last release: EVALSHA, GET, HDEL, HLEN, DEL.
+    // Fresh: EVALSHA, GET lock, GET fence, DEL + SET + TIME + ZADD +
+    // PEXPIRE. The last release: EVALSHA, GET, ZREM, ZCARD, DEL.
     assert_eq!(fresh.1, 8, "Redis commands for a fresh read lock");
     assert_eq!(last.1, 5, "Redis commands for the last reader's release");
     assert!(

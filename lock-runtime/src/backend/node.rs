@@ -435,14 +435,14 @@ impl RedisNode {
         let mut pipe = Pipeline::new();
         pipe.cmd("HEXISTS").arg(name.waiters()).arg(owner);
         pipe.cmd("GET").arg(&*name.hash);
-        pipe.cmd("HEXISTS").arg(name.readers()).arg(owner);
-        let (queued, value, reads): (bool, Option<String>, bool) = self
+        pipe.cmd("ZSCORE").arg(name.readers()).arg(owner);
+        let (queued, value, reads): (bool, Option<String>, Option<String>) = self
             .retrying(|limit| {
                 self.query(Query::Pipe(pipe.clone()), "checking the lock queue", limit)
             })
             .await?;
         let holder = value.as_deref().and_then(|v| v.split(' ').next());
-        Ok(queued || holder == Some(owner) || (reads && holder == Some("~r")))
+        Ok(queued || holder == Some(owner) || (reads.is_some() && holder == Some("~r")))
     }
 
     /// Raise the fence counter to at least `fence` (Redlock).
