@@ -1333,6 +1333,16 @@ async fn after_polls(n: u32) {
     }
 }
 
+/// A write lock, or one time in three a read lock: readers' clean-up is
+/// fuzzed alongside writers', on the same keys.
+fn either_lock(client: &LockClient, key: String) -> lock_runtime::LockRequest {
+    if fastrand::u32(..3) == 0 {
+        client.read_lock(key)
+    } else {
+        client.write_lock(key)
+    }
+}
+
 async fn fuzz_one(
     client: &LockClient,
     keys: &[String],
@@ -1361,8 +1371,7 @@ async fn fuzz_one(
         // Manual, dropped after a random number of polls (0 = never polled).
         0 => {
             st.manual.fetch_add(1, Ordering::Relaxed);
-            let fut = client
-                .lock(format!("fuzz:{key}"))
+            let fut = either_lock(client, format!("fuzz:{key}"))
                 .lease(lease)
                 .wait(wait)
                 .into_future();
@@ -1378,7 +1387,9 @@ async fn fuzz_one(
             let budget = Duration::from_micros(fastrand::u64(0..3000));
             match tokio::time::timeout(
                 budget,
-                client.lock(format!("fuzz:{key}")).lease(lease).wait(wait),
+                either_lock(client, format!("fuzz:{key}"))
+                    .lease(lease)
+                    .wait(wait),
             )
             .await
             {
@@ -1398,7 +1409,9 @@ async fn fuzz_one(
             st.manual.fetch_add(1, Ordering::Relaxed);
             match tokio::time::timeout(
                 Duration::from_millis(30),
-                client.lock(format!("fuzz:{key}")).lease(lease).wait(wait),
+                either_lock(client, format!("fuzz:{key}"))
+                    .lease(lease)
+                    .wait(wait),
             )
             .await
             {
@@ -1425,8 +1438,7 @@ async fn fuzz_one(
         // Manual, raced against a random event of the whole system.
         3 => {
             st.manual.fetch_add(1, Ordering::Relaxed);
-            let fut = client
-                .lock(format!("fuzz:{key}"))
+            let fut = either_lock(client, format!("fuzz:{key}"))
                 .lease(lease)
                 .wait(wait)
                 .into_future();
