@@ -6,9 +6,11 @@
 -- ARGV[1] owner id ("<client id>:<n>", unique per acquisition)
 -- ARGV[2] lease in ms
 -- ARGV[3] the token floor in microseconds; '' = this server's clock
--- ARGV[4] if busy: '' = just say so; 'w' = mark the lock so that its
---         release publishes a wake-up (Redlock); else how many ms to stay
---         queued, after which a release skips this waiter
+-- ARGV[4] if busy: '' = just say so; 'w<ms>' = mark the lock so that its
+--         release publishes a wake-up (Redlock; a writer's mark on a
+--         read-held lock, which holds back new readers, lapses after <ms>
+--         unless the writer asks again); else how many ms to stay queued,
+--         after which a release skips this waiter
 -- ARGV[5] '1' if an earlier send of this owner may have queued it
 -- The lock holds "<owner>", or "<owner> <mark>" with mark 'q' once someone
 -- queued behind it ('w' on Redlock), or "<owner> <mark> <from>" after a
@@ -75,6 +77,15 @@ local function add_reader()
     end
   end
 end
+-- Whether a Redlock writer's mark on a read-held lock still holds back
+-- new readers ('w' without a time: always, until the lock goes).
+local function writer_marked(mark)
+  if string.sub(mark, 1, 1) ~= 'w' then
+    return false
+  end
+  local untl = tonumber(string.sub(mark, 2))
+  return untl == nil or untl > now_ms()
+end
 -- Whether a live writer waits in the queue (readers then queue behind it).
 local function writer_waits()
   local now = now_ms()
@@ -110,8 +121,11 @@ if reader then
   end
   if type(cur) == 'string' and (cur == '~r' or string.sub(cur, 1, 3) == '~r ') then
     local mark = string.match(cur, '^~r (%S*)') or ''
-    local mine = redis.call('zscore', KEYS[5], owner) ~= false
-    if mine or (mark ~= 'w' and (mark ~= 'q' or not writer_waits())) then
+    -- (An entry whose lease ended is no longer a hold, even while other
+    -- readers keep the lock.)
+    local ends = redis.call('zscore', KEYS[5], owner)
+    local mine = ends ~= false and tonumber(ends) > now_ms()
+    if mine or (not writer_marked(mark) and (mark ~= 'q' or not writer_waits())) then
       local token = current_token()
       if not token then
         return not_a_counter()
@@ -184,8 +198,21 @@ local function marked(m)
     redis.call('set', KEYS[1], holder .. ' ' .. m .. tail, 'KEEPTTL')
   end
 end
-if ARGV[4] == 'w' then
-  marked('w')
+if string.sub(ARGV[4], 1, 1) == 'w' then
+  if holder ~= '~r' then
+    marked('w')
+  elseif not reader then
+    -- Readers queue behind this writer for a while: it asks again well
+    -- within that time, and if it gave up, new readers soon get in again.
+    local stay = tonumber(string.sub(ARGV[4], 2))
+    local mark = 'w'
+    if stay then
+      mark = mark .. (now_ms() + stay)
+    end
+    redis.call('set', KEYS[1], '~r ' .. mark, 'KEEPTTL')
+  end
+  -- (A reader waits on the writer's mark; the last reader's release
+  -- publishes all the same.)
   return {0, pttl, 0}
 end
 local stay = tonumber(ARGV[4])

@@ -23,10 +23,13 @@ local reader = string.find(owner, ':r', 1, true) ~= nil
 local function is_reader(o)
   return string.find(o, ':r', 1, true) ~= nil
 end
+-- Leave the queue, if queued; whether this owner was.
 local function withdraw()
   if redis.call('hdel', KEYS[4], owner) == 1 then
     redis.call('lrem', KEYS[3], 1, owner)
+    return true
   end
+  return false
 end
 local cur = redis.pcall('get', KEYS[1])
 if type(cur) ~= 'string' then
@@ -50,96 +53,77 @@ local function clock()
     now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   end
 end
-if reader then
-  if holder ~= '~r' or redis.call('zrem', KEYS[5], owner) == 0 then
-    withdraw()
-    if from == owner then
-      -- This release ran before and handed the lock over.
-      return 1
-    end
-    return 0
-  end
-  -- Other readers still in their lease keep the lock for the longest of
-  -- them; readers that died are dropped here, their lease over. (An
-  -- emptied set is gone by itself.)
-  if redis.call('zcard', KEYS[5]) > 0 then
-    clock()
-    redis.call('zremrangebyscore', KEYS[5], '-inf', now_ms)
-    local longest = redis.call('zrange', KEYS[5], -1, -1, 'WITHSCORES')[2]
-    if longest then
-      local left = tonumber(longest) - now_ms
-      redis.call('pexpire', KEYS[1], left)
-      redis.call('pexpire', KEYS[5], left)
-      return 1
-    end
-  end
-elseif holder ~= owner then
-  if from == owner then
-    -- This release ran before and handed the lock over.
-    return 1
-  end
-  withdraw()
-  return -1
-end
-if mark == 'q' then
-  clock()
-  local last, token
-  -- The next live waiter in the queue, popped, with its lease in ms.
-  local function next_waiter(readers_only)
-    while true do
+local last, token
+-- The next live waiter in the queue, popped, with its lease in ms.
+local function next_waiter(readers_only)
+  while true do
+    -- (A writer's release pops its head at once; a run of readers looks
+    -- first, and stops at the next writer.)
+    if readers_only then
       local head = redis.call('lindex', KEYS[3], 0)
-      if not head or (readers_only and not is_reader(head)) then
+      if not head or not is_reader(head) then
         return nil
       end
-      redis.call('lpop', KEYS[3])
-      local entry = redis.call('hget', KEYS[4], head)
-      if entry then
-        redis.call('hdel', KEYS[4], head)
-        local lease, untl = string.match(entry, '^(%d+) (%d+)$')
-        -- (Never back to the releasing owner: an entry it left by an
-        -- attempt whose answer was lost.)
-        if lease and head ~= owner and tonumber(untl) > now_ms then
-          return head, tonumber(lease)
-        end
+    end
+    local head = redis.call('lpop', KEYS[3])
+    if not head then
+      return nil
+    end
+    local entry = redis.call('hget', KEYS[4], head)
+    if entry then
+      redis.call('hdel', KEYS[4], head)
+      local lease, untl = string.match(entry, '^(%d+) (%d+)$')
+      -- (Never back to the releasing owner: an entry it left by an
+      -- attempt whose answer was lost.)
+      if lease and head ~= owner and tonumber(untl) > now_ms then
+        return head, tonumber(lease)
       end
     end
   end
-  -- Tell `head` it holds the lock; false if nobody heard.
-  local function told(head)
-    local clock_us = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
-    if not last then
-      last = redis.call('get', KEYS[2]) or ''
-    end
-    local given
-    if is_reader(head) then
-      -- Readers get the current token.
-      if last == '' then
-        last = clock_us
-        redis.call('set', KEYS[2], last)
-      end
-      given = last
-    else
-      if not token then
-        token = clock_us
-        if string.match(last, '^%d+$')
-          and (#last > #token or (#last == #token and last >= token)) then
-          token = string.format('%.0f', tonumber(last) + 1)
-        end
-      end
-      given = token
-    end
-    local client = string.match(head, '^[^:]*')
-    -- Nobody subscribed: that waiter's client is gone (or not yet
-    -- listening, and then it asks again); serve the next one.
-    return redis.call(ARGV[3], ARGV[2] .. client, head .. ' ' .. given .. ' ' .. now_ms) > 0
+end
+-- Tell `head` it holds the lock; false if nobody heard.
+local function told(head)
+  local clock_us = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+  if not last then
+    last = redis.call('get', KEYS[2]) or ''
   end
-  local function rest()
-    if redis.call('llen', KEYS[3]) > 0 then
-      return 'q'
+  local given
+  if is_reader(head) then
+    -- Readers get the current token.
+    if last == '' then
+      last = clock_us
+      redis.call('set', KEYS[2], last)
     end
-    return '-'
+    given = last
+  else
+    if not token then
+      token = clock_us
+      if string.match(last, '^%d+$')
+        and (#last > #token or (#last == #token and last >= token)) then
+        token = string.format('%.0f', tonumber(last) + 1)
+      end
+    end
+    given = token
   end
-  local readers = false
+  local client = string.match(head, '^[^:]*')
+  -- Nobody subscribed: that waiter's client is gone (or not yet
+  -- listening, and then it asks again); serve the next one.
+  return redis.call(ARGV[3], ARGV[2] .. client, head .. ' ' .. given .. ' ' .. now_ms) > 0
+end
+local function rest()
+  if redis.call('llen', KEYS[3]) > 0 then
+    return 'q'
+  end
+  return '-'
+end
+-- Hand the lock on to the first live waiter whose client hears it, and if
+-- that is a reader, to every reader queued right behind it as well.
+-- `joining`: the lock is read-held already, and only readers at the head
+-- of the queue join them. Returns whether anyone was served.
+local function serve(joining)
+  clock()
+  local readers = joining
+  local served = false
   while true do
     local head, lease = next_waiter(readers)
     if not head then
@@ -149,9 +133,8 @@ if mark == 'q' then
       if not is_reader(head) then
         redis.call('set', KEYS[1], head .. ' ' .. rest() .. ' ' .. owner, 'PX', lease)
         redis.call('set', KEYS[2], token)
-        return 1
+        return true
       end
-      -- A reader: so is every reader queued right behind it.
       if not readers then
         readers = true
         redis.call('del', KEYS[5])
@@ -163,15 +146,74 @@ if mark == 'q' then
           redis.call('pexpire', k, lease)
         end
       end
+      served = true
     end
   end
-  if readers then
-    redis.call('set', KEYS[1], '~r ' .. rest() .. ' ' .. owner, 'KEEPTTL')
+  if served then
+    local tail = ' ' .. owner
+    if joining then
+      tail = from ~= '' and ' ' .. from or ''
+    end
+    redis.call('set', KEYS[1], '~r ' .. rest() .. tail, 'KEEPTTL')
+  end
+  return served
+end
+-- What this release answers: 0 if this reader's own lease had ended,
+-- though others still kept the lock (it releases all the same).
+local done = 1
+-- What a release with nobody to hand over to deletes.
+local gone = {KEYS[1]}
+if reader then
+  local ends = holder == '~r' and redis.call('zscore', KEYS[5], owner)
+  if not ends then
+    withdraw()
+    if from == owner then
+      -- This release ran before and handed the lock over.
+      return 1
+    end
+    return 0
+  end
+  if redis.call('zcard', KEYS[5]) > 1 then
+    -- Other readers still in their lease keep the lock for the longest of
+    -- them; readers that died are dropped here, their lease over.
+    redis.call('zrem', KEYS[5], owner)
+    clock()
+    if tonumber(ends) <= now_ms then
+      done = 0
+    end
+    redis.call('zremrangebyscore', KEYS[5], '-inf', now_ms)
+    local longest = redis.call('zrange', KEYS[5], -1, -1, 'WITHSCORES')[2]
+    if longest then
+      local left = tonumber(longest) - now_ms
+      redis.call('pexpire', KEYS[1], left)
+      redis.call('pexpire', KEYS[5], left)
+      return done
+    end
+  end
+  -- The last reader out (the lock lives exactly as long as its longest
+  -- reader, so a lone reader's lease has not ended): it releases the lock
+  -- as a writer would, and its entry goes with it.
+  gone = {KEYS[1], KEYS[5]}
+  if mark == 'q' then
+    redis.call('del', KEYS[5])
+  end
+elseif holder ~= owner then
+  if from == owner then
+    -- This release ran before and handed the lock over.
     return 1
   end
+  -- A queued writer giving up: readers that queued only behind it join
+  -- the readers now, not at their next attempt.
+  if withdraw() and holder == '~r' and mark == 'q' then
+    serve(true)
+  end
+  return -1
 end
-redis.call('del', KEYS[1])
-if mark == 'w' and ARGV[5] ~= 'n' then
+if mark == 'q' and serve(false) then
+  return done
+end
+redis.call('del', unpack(gone))
+if string.sub(mark, 1, 1) == 'w' and ARGV[5] ~= 'n' then
   redis.call('publish', ARGV[4], '')
 end
-return 1
+return done

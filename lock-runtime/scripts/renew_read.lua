@@ -1,8 +1,10 @@
 -- Extend many read holds of one client at once (see renew.lua for the
 -- arguments): KEYS[2i - 1] a lock, KEYS[2i] its readers, ARGV[i + 2] the
 -- rest of the reader's owner id. A reader's own lease is its entry in the
--- readers; the lock and its readers live at least as long as it. A reader
--- whose own lease ran out is no longer one, even if others kept the lock.
+-- readers; the lock and its readers live exactly as long as the longest of
+-- them (a lease may shrink: the release of a hold with min_hold left). A
+-- reader whose own lease ran out is no longer one, even if others kept the
+-- lock.
 -- Returns one byte per hold, '1' renewed, '0' no longer ours.
 local out = {}
 local lease, front = tonumber(ARGV[1]), ARGV[2]
@@ -16,11 +18,9 @@ for i = 1, #KEYS / 2 do
     and tonumber(redis.call('zscore', readers, o))
   if ends and ends > now then
     redis.call('zadd', readers, now + lease, o)
-    for _, k in ipairs({lock, readers}) do
-      if redis.call('pttl', k) < lease then
-        redis.call('pexpire', k, lease)
-      end
-    end
+    local longest = tonumber(redis.call('zrange', readers, -1, -1, 'WITHSCORES')[2])
+    redis.call('pexpire', lock, longest - now)
+    redis.call('pexpire', readers, longest - now)
     out[i] = '1'
   else
     out[i] = '0'

@@ -267,3 +267,47 @@ pub async fn dropped_read_requests_leave_nothing(clients: &[LockClient]) {
         .await
         .unwrap();
 }
+
+/// A queued writer that gives up lets the readers queued only behind it
+/// in at once: its withdrawal serves them. `clients` must have a retry
+/// delay far above 10 s and a lease of 30 s, so that no reader gets in by
+/// asking again.
+pub async fn a_writer_giving_up_lets_the_readers_behind_it_in(clients: &[LockClient]) {
+    let key = crate::unique("rw-gave-up");
+    let (a, b) = (&clients[0], &clients[1 % clients.len()]);
+    let first = a.read_lock(&key).await.expect("first reader");
+    let writer = {
+        let (c, key) = (b.clone(), key.clone());
+        tokio::spawn(async move { c.write_lock(&key).wait(Duration::from_secs(2)).await })
+    };
+    assert!(
+        crate::eventually(LIMIT, || waiting(clients, &key) == 1).await,
+        "the writer did not wait"
+    );
+    let readers: Vec<_> = (0..2)
+        .map(|i| {
+            let (c, key) = (clients[i % clients.len()].clone(), key.clone());
+            tokio::spawn(async move { c.read_lock(&key).wait(Duration::from_secs(60)).await })
+        })
+        .collect();
+    assert!(
+        crate::eventually(LIMIT, || waiting(clients, &key) == 3).await,
+        "the readers did not queue behind the writer"
+    );
+    assert!(busy(writer.await.unwrap()), "the writer got in");
+    // (Asking again on their own, they would wait out the first reader's
+    // 30 s lease.)
+    assert!(
+        crate::eventually(LIMIT, || readers.iter().all(|r| r.is_finished())).await,
+        "the readers still wait after the writer ahead of them gave up"
+    );
+    for r in readers {
+        let g = r
+            .await
+            .unwrap()
+            .expect("a reader queued behind a writer that gave up");
+        assert_eq!(g.fence(), first.fence(), "readers get the current token");
+        g.release().await.unwrap();
+    }
+    first.release().await.unwrap();
+}

@@ -49,6 +49,23 @@ async fn memory_read_write_semantics() {
     rw::dropped_read_requests_leave_nothing(&clients).await;
 }
 
+/// Clients whose waiters never ask again on their own within a test.
+fn patient() -> lock_runtime::LockClientBuilder {
+    LockClient::builder().retry_delay(Duration::from_secs(60))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_giving_up_lets_the_readers_behind_it_in() {
+    let server = RedisServer::start();
+    let mut clients = Vec::new();
+    for _ in 0..2 {
+        clients.push(patient().connect(&server.url()).await.unwrap());
+    }
+    rw::a_writer_giving_up_lets_the_readers_behind_it_in(&clients).await;
+    let memory = patient().memory();
+    rw::a_writer_giving_up_lets_the_readers_behind_it_in(&[memory.clone(), memory]).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_read_write_semantics() {
     let cluster = Cluster::start(3, 0, 2000);
@@ -61,6 +78,11 @@ async fn cluster_read_write_semantics() {
     rw::a_release_wakes_the_readers_together_then_the_writer(&clients).await;
     rw::reentry_and_upgrade(&clients[0]).await;
     rw::a_reader_is_renewed(&clients[0], &clients[1]).await;
+    let mut patient_clients = Vec::new();
+    for _ in 0..2 {
+        patient_clients.push(patient().cluster(cluster.urls()).await.unwrap());
+    }
+    rw::a_writer_giving_up_lets_the_readers_behind_it_in(&patient_clients).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -324,6 +346,162 @@ async fn a_lost_reply_neither_fails_a_reader_nor_leaves_it_behind() {
         peer.release().await.unwrap();
         assert!(!server.exists(&name(&key)), "round {round}: left behind");
     }
+}
+
+/// On Redlock a waiting writer marks a read-held lock so that new readers
+/// wait behind it. Once the writer gives up, the mark lapses within about
+/// one retry: new readers share again, although the first reader never
+/// left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redlock_writer_that_gave_up_no_longer_keeps_readers_out() {
+    let nodes = [
+        RedisServer::start(),
+        RedisServer::start(),
+        RedisServer::start(),
+    ];
+    let urls: Vec<String> = nodes.iter().map(RedisServer::url).collect();
+    let mut clients = Vec::new();
+    for _ in 0..2 {
+        clients.push(
+            LockClient::builder()
+                .retry_delay(Duration::from_millis(200))
+                .op_timeout(Duration::from_millis(300))
+                .redlock(&urls)
+                .await
+                .unwrap(),
+        );
+    }
+    let key = unique("rl-gave-up");
+    let first = clients[0].read_lock(&key).await.unwrap();
+    let writer = {
+        let (c, key) = (clients[1].clone(), key.clone());
+        tokio::spawn(async move { c.write_lock(&key).wait(Duration::from_secs(2)).await })
+    };
+    let marked = || {
+        nodes
+            .iter()
+            .filter(|n| {
+                n.try_get(&name(&key))
+                    .is_some_and(|v| v.starts_with("~r w"))
+            })
+            .count()
+            >= 2
+    };
+    assert!(
+        tests::eventually(Duration::from_secs(5), marked).await,
+        "the waiting writer did not mark the lock"
+    );
+    assert!(
+        clients[0]
+            .read_lock(&key)
+            .try_acquire()
+            .await
+            .unwrap()
+            .is_none(),
+        "a new reader got in ahead of the waiting writer"
+    );
+    assert!(matches!(
+        writer.await.unwrap(),
+        Err(LockError::Timeout { .. })
+    ));
+    let late = clients[1]
+        .read_lock(&key)
+        .wait(Duration::from_secs(10))
+        .await
+        .expect("a reader after the writer gave up, beside the first reader");
+    late.release().await.unwrap();
+    first.release().await.unwrap();
+    for n in &nodes {
+        assert!(!n.exists(&name(&key)), "a node kept the read lock");
+    }
+}
+
+/// A read hold released with `min_hold` time left keeps the key exactly
+/// that long, not for the rest of its lease: a waiting writer gets it then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_hold_with_min_hold_left_keeps_the_key_that_long_only() {
+    let server = RedisServer::start();
+    let clients = redis_clients(&server, 2).await;
+    let key = unique("rw-min-hold");
+    let min_hold = Duration::from_secs(1);
+    let r = clients[0]
+        .read_lock(&key)
+        .lease(Duration::from_secs(20))
+        .min_hold(min_hold)
+        .await
+        .unwrap();
+    r.release().await.unwrap();
+    for k in [name(&key), format!("{}:readers", name(&key))] {
+        let pttl: i64 = server.cmd(&["PTTL", &k]);
+        assert!(
+            pttl > 0 && pttl <= min_hold.as_millis() as i64,
+            "{k} lives {pttl} ms after a release with at most {min_hold:?} of min_hold left"
+        );
+    }
+    let w = clients[1]
+        .write_lock(&key)
+        .wait(Duration::from_secs(10))
+        .await
+        .expect("the writer once min_hold ended");
+    w.release().await.unwrap();
+}
+
+/// A reader whose own lease ended is no longer a reader, even while other
+/// readers keep the lock: its late release says so (the guard reports the
+/// hold lost), and the same owner asking again is a fresh hold, not a
+/// repeat. The scripts themselves, on a state built by hand.
+#[tokio::test]
+async fn a_reader_whose_lease_ended_holds_nothing_though_others_keep_the_lock() {
+    let server = RedisServer::start();
+    let key = name(&unique("rw-ended"));
+    let keys = [
+        key.clone(),
+        format!("{key}:fence"),
+        format!("{key}:queue"),
+        format!("{key}:waiters"),
+        format!("{key}:readers"),
+    ];
+    let (secs, micros): (String, String) = {
+        let t: Vec<String> = server.cmd(&["TIME"]);
+        (t[0].clone(), t[1].clone())
+    };
+    let now_ms = secs.parse::<u64>().unwrap() * 1000 + micros.parse::<u64>().unwrap() / 1000;
+    let _: () = server.cmd(&["SET", &key, "~r", "PX", "20000"]);
+    let _: () = server.cmd(&["SET", &keys[1], "5"]);
+    let ended = (now_ms - 1000).to_string();
+    let live = (now_ms + 20_000).to_string();
+    let _: i64 = server.cmd(&["ZADD", &keys[4], &ended, "x:r1", &live, "y:r1"]);
+    let mut conn = server.conn();
+    let released: i64 = redis::Script::new(include_str!("../../lock-runtime/scripts/release.lua"))
+        .key(&keys)
+        .arg("x:r1")
+        .arg(format!("{key}:granted:"))
+        .arg("publish")
+        .arg(format!("{key}:released"))
+        .arg("r")
+        .invoke(&mut conn)
+        .unwrap();
+    assert_eq!(released, 0, "the release of a reader whose lease ended");
+    let readers: Vec<String> = server.cmd(&["ZRANGE", &keys[4], "0", "-1"]);
+    assert_eq!(readers, ["y:r1"]);
+    assert_eq!(server.try_get(&key).as_deref(), Some("~r"));
+    // Back as it was, and the same owner asks again.
+    let _: i64 = server.cmd(&["ZADD", &keys[4], &ended, "x:r1"]);
+    let reply: Vec<i64> =
+        redis::Script::new(include_str!("../../lock-runtime/scripts/acquire.lua"))
+            .key(&keys)
+            .arg("x:r1")
+            .arg(30_000)
+            .arg("")
+            .arg(10_000)
+            .arg("")
+            .invoke(&mut conn)
+            .unwrap();
+    assert_eq!(
+        reply,
+        [1, 5],
+        "a reader whose lease ended asks again: a fresh hold"
+    );
 }
 
 #[derive(Debug)]

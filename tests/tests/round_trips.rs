@@ -217,3 +217,63 @@ async fn read_lock_round_trips_counted_by_redis() {
         "only {renewed} reader renewals of 300 in 1.5 s"
     );
 }
+
+/// What a writer-to-writer hand-off costs Redis: the release that hands
+/// the lock to the queued writer pops it from the queue without looking
+/// first (only a run of readers looks, to stop at the next writer).
+#[tokio::test]
+async fn a_hand_off_between_writers_counted_by_redis() {
+    let server = RedisServer::start();
+    let a = LockClient::connect(&server.url()).await.unwrap();
+    // The waiter does not ask again while Redis counts.
+    let b = LockClient::builder()
+        .retry_delay(Duration::from_secs(30))
+        .connect(&server.url())
+        .await
+        .unwrap();
+    let held = a.lock("rt:handoff").await.unwrap();
+    let waiter = {
+        let b = b.clone();
+        tokio::spawn(async move { b.lock("rt:handoff").wait(Duration::from_secs(20)).await })
+    };
+    let queue = "lock:{rt:handoff}:queue";
+    assert!(
+        tests::eventually(Duration::from_secs(10), || server
+            .cmd::<i64>(&["LLEN", queue])
+            == 1)
+        .await,
+        "the second writer did not queue"
+    );
+    server.reset_stats();
+    held.release().await.unwrap();
+    let by_command: Vec<(&str, u64)> = [
+        "evalsha", "get", "time", "lindex", "lpop", "hget", "hdel", "publish", "llen", "set",
+    ]
+    .into_iter()
+    .map(|c| (c, server.calls(c)))
+    .collect();
+    let g = waiter
+        .await
+        .unwrap()
+        .expect("the queued writer was handed the lock");
+    g.release().await.unwrap();
+    println!("\n== writer-to-writer hand-off, Redis commands of the release ==\n  {by_command:?}");
+    // EVALSHA; GET lock; TIME; LPOP, HGET, HDEL the head; GET fence;
+    // PUBLISH the grant; LLEN (anyone left?); SET lock, SET fence.
+    assert_eq!(
+        by_command,
+        vec![
+            ("evalsha", 1),
+            ("get", 2),
+            ("time", 1),
+            ("lindex", 0),
+            ("lpop", 1),
+            ("hget", 1),
+            ("hdel", 1),
+            ("publish", 1),
+            ("llen", 1),
+            ("set", 2)
+        ],
+        "Redis commands for a release that hands the lock to a writer"
+    );
+}

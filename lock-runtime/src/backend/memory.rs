@@ -127,13 +127,18 @@ impl State {
         fence
     }
 
-    fn leave_queue(&mut self, hash: &str, owner: &str) {
-        if let Some(q) = self.queues.get_mut(hash) {
-            q.retain(|w| &*w.owner != owner);
-            if q.is_empty() {
-                self.queues.remove(hash);
-            }
+    /// Take `owner` out of the queue; whether it was in it.
+    fn leave_queue(&mut self, hash: &str, owner: &str) -> bool {
+        let Some(q) = self.queues.get_mut(hash) else {
+            return false;
+        };
+        let before = q.len();
+        q.retain(|w| &*w.owner != owner);
+        let left = q.len() < before;
+        if q.is_empty() {
+            self.queues.remove(hash);
         }
+        left
     }
 }
 
@@ -195,16 +200,31 @@ impl MemoryBackend {
                 }
             }
             Some(lock) if lock.is_owner(owner) => {}
-            _ => {
+            Some(lock) => {
+                // A queued writer giving up: readers that queued only
+                // behind it join the readers now.
+                let joining = matches!(lock, Lock::Read(_)) && !is_reader(owner);
+                if state.leave_queue(&name.hash, owner) && joining {
+                    self.serve(&mut state, name, now, true);
+                }
+                return Released::NotOwner;
+            }
+            None => {
                 state.leave_queue(&name.hash, owner);
                 return Released::NotOwner;
             }
         }
         state.locks.remove(&name.hash);
-        // Serve the first waiter still waiting whose client takes the
-        // grant (a reader: with every reader right behind it); the rest
-        // stay queued.
-        let mut readers = false;
+        self.serve(&mut state, name, now, false);
+        Released::Freed
+    }
+
+    /// Serve the first waiter still waiting whose client takes the grant
+    /// (a reader: with every reader right behind it); the rest stay
+    /// queued. `joining`: the lock is read-held, and only readers at the
+    /// head of the queue join them.
+    fn serve(&self, state: &mut State, name: &LockName, now: Instant, joining: bool) {
+        let mut readers = joining;
         while let Some(next) = state.queues.get_mut(&name.hash).and_then(|q| {
             q.front()
                 .is_some_and(|w| !readers || is_reader(&w.owner))
@@ -232,7 +252,6 @@ impl MemoryBackend {
         if state.queues.get(&name.hash).is_some_and(VecDeque::is_empty) {
             state.queues.remove(&name.hash);
         }
-        Released::Freed
     }
 
     fn renew_now(&self, r: &Renewal) -> Renewed {

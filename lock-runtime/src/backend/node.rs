@@ -323,7 +323,8 @@ impl RedisNode {
     /// Take the lock for `owner`. `floor`: the lowest token to hand out
     /// (default: the server's clock in microseconds). `queue`: what a busy
     /// attempt does (Redlock nodes never queue; they mark the lock so that
-    /// its release wakes waiters).
+    /// its release wakes waiters, and a writer's mark keeps new readers out
+    /// for as long as it would have stayed queued).
     pub(crate) async fn acquire(
         &self,
         name: &LockName,
@@ -336,7 +337,7 @@ impl RedisNode {
         let floor = floor.map(|f| f.to_string()).unwrap_or_default();
         let stay = match (queue.stay, floor.is_empty()) {
             (None, _) => String::new(),
-            (Some(_), false) => "w".to_owned(),
+            (Some(stay), false) => format!("w{}", millis(stay)),
             (Some(stay), true) => millis(stay).to_string(),
         };
         let keys = [
