@@ -85,14 +85,20 @@ async fn cluster_read_write_semantics() {
     rw::a_writer_giving_up_lets_the_readers_behind_it_in(&patient_clients).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redlock_read_write_semantics() {
+/// Three Redis masters for a Redlock, and their URLs.
+fn redlock_nodes() -> ([RedisServer; 3], Vec<String>) {
     let nodes = [
         RedisServer::start(),
         RedisServer::start(),
         RedisServer::start(),
     ];
-    let urls: Vec<String> = nodes.iter().map(RedisServer::url).collect();
+    let urls = nodes.iter().map(RedisServer::url).collect();
+    (nodes, urls)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_read_write_semantics() {
+    let (nodes, urls) = redlock_nodes();
     let mut clients = Vec::new();
     for _ in 0..2 {
         clients.push(LockClient::redlock(&urls).await.unwrap());
@@ -231,18 +237,25 @@ async fn hand_off_to_readers_and_back_costs_no_extra_script_call() {
     );
 }
 
+/// A client that reaches `server` through a proxy a test can cut, with a
+/// short operation timeout so that cut-off calls give up soon.
+async fn behind_a_proxy(server: &RedisServer) -> (Proxy, LockClient) {
+    let proxy = Proxy::for_server(server);
+    let client = LockClient::builder()
+        .op_timeout(Duration::from_millis(300))
+        .connect(&proxy.url())
+        .await
+        .unwrap();
+    (proxy, client)
+}
+
 /// A reader cut off from Redis (as good as crashed) keeps the key
 /// read-locked until its own lease ends, and no longer; the reader still
 /// renewing keeps its hold through that.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashed_reader_lapses_on_its_own_lease_and_the_others_keep_theirs() {
     let server = RedisServer::start();
-    let proxy = Proxy::for_server(&server);
-    let cut_off = LockClient::builder()
-        .op_timeout(Duration::from_millis(300))
-        .connect(&proxy.url())
-        .await
-        .unwrap();
+    let (proxy, cut_off) = behind_a_proxy(&server).await;
     let clients = redis_clients(&server, 2).await;
     let key = unique("crash");
     let lease = Duration::from_secs(2);
@@ -279,12 +292,7 @@ async fn a_crashed_reader_lapses_on_its_own_lease_and_the_others_keep_theirs() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_readers_entry_ends_with_its_lease_not_the_longest() {
     let server = RedisServer::start();
-    let proxy = Proxy::for_server(&server);
-    let cut_off = LockClient::builder()
-        .op_timeout(Duration::from_millis(300))
-        .connect(&proxy.url())
-        .await
-        .unwrap();
+    let (proxy, cut_off) = behind_a_proxy(&server).await;
     let clients = redis_clients(&server, 2).await;
     let key = unique("dead-short");
     // The dead reader's lease is short; the live reader's is long, and it
@@ -354,12 +362,7 @@ async fn a_lost_reply_neither_fails_a_reader_nor_leaves_it_behind() {
 /// left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redlock_writer_that_gave_up_no_longer_keeps_readers_out() {
-    let nodes = [
-        RedisServer::start(),
-        RedisServer::start(),
-        RedisServer::start(),
-    ];
-    let urls: Vec<String> = nodes.iter().map(RedisServer::url).collect();
+    let (nodes, urls) = redlock_nodes();
     let mut clients = Vec::new();
     for _ in 0..2 {
         clients.push(

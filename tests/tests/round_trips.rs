@@ -34,6 +34,32 @@ async fn inner(server: &RedisServer, id: u64) -> Result<(), LockError> {
     Ok(())
 }
 
+/// 300 holds of one client with a 900 ms lease (a tick every 300 ms),
+/// counted over 1.5 s from between two ticks: the renew calls sent, and
+/// the renewals Redis ran (`PEXPIRE` of a write hold, `ZADD` of a read
+/// hold). The holds are released after.
+async fn renewal_ticks(server: &RedisServer, client: &LockClient, read: bool) -> (u64, u64) {
+    let mut guards = Vec::new();
+    for i in 0..300 {
+        let key = format!("rt:many:{read}:{i}");
+        let request = if read {
+            client.read_lock(key)
+        } else {
+            client.lock(key)
+        };
+        guards.push(request.lease(Duration::from_millis(900)).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    server.reset_stats();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let calls = sent(server);
+    let renewed = server.calls(if read { "zadd" } else { "pexpire" });
+    for g in guards {
+        g.release().await.unwrap();
+    }
+    (calls, renewed)
+}
+
 #[tokio::test]
 async fn round_trips_per_operation_counted_by_redis() {
     let server = tests::global::redis().await;
@@ -63,25 +89,7 @@ async fn round_trips_per_operation_counted_by_redis() {
     );
 
     // A renewal tick: 300 held locks, lease 900 ms (a tick every 300 ms).
-    let mut guards = Vec::new();
-    for i in 0..300 {
-        guards.push(
-            client
-                .lock(format!("rt:many:{i}"))
-                .lease(Duration::from_millis(900))
-                .await
-                .unwrap(),
-        );
-    }
-    // Start counting between two ticks.
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    server.reset_stats();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let ticks_window = sent(server);
-    let renewed = server.calls("pexpire");
-    for g in guards {
-        g.release().await.unwrap();
-    }
+    let (ticks_window, renewed) = renewal_ticks(server, &client, false).await;
     server.reset_stats();
     tokio::time::sleep(Duration::from_millis(1000)).await;
     let idle = sent(server);
@@ -164,24 +172,7 @@ async fn read_lock_round_trips_counted_by_redis() {
     let last = (sent(&server), server.all_calls());
 
     // 300 read holds of one client, lease 900 ms: one call per tick.
-    let mut guards = Vec::new();
-    for i in 0..300 {
-        guards.push(
-            client
-                .read_lock(format!("rt:docs:{i}"))
-                .lease(Duration::from_millis(900))
-                .await
-                .unwrap(),
-        );
-    }
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    server.reset_stats();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let ticks_window = sent(&server);
-    let renewed = server.calls("zadd");
-    for g in guards {
-        g.release().await.unwrap();
-    }
+    let (ticks_window, renewed) = renewal_ticks(&server, &client, true).await;
 
     println!("\n== read locks: (EVALSHA, Redis commands) per operation ==");
     for (what, n) in [
