@@ -87,8 +87,8 @@ struct Shared {
     /// The armed reply-loss pattern; taken (under the lock) by the one
     /// connection it fires on.
     lose: Mutex<Option<Vec<u8>>>,
-    /// The mode to switch to when the armed loss fires.
-    then: Mutex<Option<Mode>>,
+    /// What happens once the armed loss fires.
+    then: Mutex<Option<Then>>,
     lost: AtomicU64,
     /// Faults leave subscription connections alone.
     spare_pubsub: AtomicBool,
@@ -103,6 +103,16 @@ struct Shared {
     resend: Mutex<Option<(Vec<u8>, Duration)>>,
     /// How many re-sent copies reached Redis and were answered.
     resent: watch::Sender<u64>,
+}
+
+/// What the proxy does once an armed reply loss fired.
+#[derive(Debug, Clone)]
+enum Then {
+    /// Switch to this mode.
+    Mode(Mode),
+    /// Make the next connection whose request contains the pattern slow
+    /// (see [`Proxy::slow_connection_of`]).
+    Slow(Vec<u8>, Duration, Duration),
 }
 
 /// Whether `chunk` contains `pattern` (an empty pattern matches anything).
@@ -308,7 +318,16 @@ impl Proxy {
     /// switches to `mode` (`Mode::Refuse`: the client cannot reconnect to
     /// learn the outcome either).
     pub fn lose_reply_to_then(&self, pattern: &[u8], mode: Mode) {
-        *self.shared.then.lock().unwrap() = Some(mode);
+        *self.shared.then.lock().unwrap() = Some(Then::Mode(mode));
+        self.lose_reply_to(pattern);
+    }
+
+    /// Like [`Proxy::lose_reply_to`], and once the reply is lost, the
+    /// connection that next sends `pattern` (the client sending the
+    /// command again, say) is made slow as
+    /// [`slow_connection_of`](Self::slow_connection_of) says.
+    pub fn lose_reply_to_then_slow(&self, pattern: &[u8], to_redis: Duration, to_client: Duration) {
+        *self.shared.then.lock().unwrap() = Some(Then::Slow(pattern.to_vec(), to_redis, to_client));
         self.lose_reply_to(pattern);
     }
 
@@ -640,8 +659,14 @@ async fn pipe(
                 // Redis answered the matching request: lose the answer and
                 // hang up both ways.
                 shared.lost.fetch_add(1, Ordering::Relaxed);
-                if let Some(next) = shared.then.lock().unwrap().take() {
-                    shared.mode.send_replace(next);
+                match shared.then.lock().unwrap().take() {
+                    Some(Then::Mode(next)) => {
+                        shared.mode.send_replace(next);
+                    }
+                    Some(Then::Slow(p, to_redis, to_client)) => {
+                        *shared.slow.lock().unwrap() = Some((p, to_redis, to_client));
+                    }
+                    None => {}
                 }
                 conn.closed.notify_one();
                 return;
