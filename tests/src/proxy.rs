@@ -378,6 +378,11 @@ impl Proxy {
         *self.shared.resend.lock().unwrap() = Some((pattern.to_vec(), after));
     }
 
+    /// Whether an armed re-send is still waiting for its command.
+    pub fn resend_armed(&self) -> bool {
+        self.shared.resend.lock().unwrap().is_some()
+    }
+
     /// Resolves once `n` re-sent copies ran on Redis (their replies came
     /// back), or after `limit`; says whether they did.
     pub async fn resent(&self, n: u64, limit: Duration) -> bool {
