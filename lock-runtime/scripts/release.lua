@@ -89,7 +89,8 @@ local function told(head)
   end
   local given
   if is_reader(head) then
-    -- Readers get the current token.
+    -- Readers get the current token: the releasing writer's, or above it
+    -- (a counter that vanished restarts at the clock).
     if last == '' then
       last = clock_us
       redis.call('set', KEYS[2], last)
@@ -213,7 +214,10 @@ if mark == 'q' and serve(false) then
   return done
 end
 redis.call('del', unpack(gone))
-if string.sub(mark, 1, 1) == 'w' and ARGV[5] ~= 'n' then
+-- Redlock: a waiter listens on one node, which its busy attempt may not
+-- have marked (that answer was lost): every release that frees the lock
+-- there wakes it.
+if (string.sub(mark, 1, 1) == 'w' and ARGV[5] ~= 'n') or ARGV[5] == 'a' then
   redis.call('publish', ARGV[4], '')
 end
 return done

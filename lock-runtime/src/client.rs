@@ -1,15 +1,14 @@
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use crate::backend::endpoint::Access;
 use crate::backend::node::NodeSettings;
 use crate::backend::{Backend, Released};
+use crate::claims::{Claims, ORPHAN_AFTER};
 use crate::io::Io;
-use crate::key::client_of;
 use crate::key::LockName;
 use crate::request::LockRequest;
-use crate::wakeups::{Waiter, Wakeups, ORPHAN_AFTER};
+use crate::wakeups::Waiter;
 use crate::watchdog::Watchdog;
 use crate::{LockClientBuilder, LockError};
 
@@ -59,47 +58,10 @@ pub(crate) struct Inner {
     pub(crate) backend: Arc<Backend>,
     pub(crate) config: Config,
     pub(crate) watchdog: Watchdog,
+    /// This client's requests under way, which grants are handed to.
+    pub(crate) claims: Arc<Claims>,
     /// Declared last: the I/O thread stops after everything above is gone.
     pub(crate) io: Io,
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        CLIENTS.lock().unwrap().remove(&self.id);
-    }
-}
-
-/// The clients of this process by id: a grant message names its client by
-/// id, and the client it names releases a grant nobody claimed.
-static CLIENTS: std::sync::LazyLock<Mutex<HashMap<Arc<str>, Weak<Inner>>>> =
-    std::sync::LazyLock::new(Mutex::default);
-
-/// A grant (on `channel`, for `owner`) that reached no waiter. It is kept
-/// for a waiter about to register; if none claims it within
-/// [`ORPHAN_AFTER`] and the owner's client does not hold the lock (an
-/// attempt of the owner found it handed over and took it), the client
-/// releases it, passing it on.
-pub(crate) fn unclaimed_grant(wakeups: Arc<Wakeups>, channel: &str, owner: Arc<str>) {
-    let Some(name) = LockName::of_grant_channel(channel) else {
-        return;
-    };
-    let Some(inner) = CLIENTS
-        .lock()
-        .unwrap()
-        .get(client_of(&owner))
-        .and_then(Weak::upgrade)
-    else {
-        return;
-    };
-    let client = LockClient { inner };
-    let io = client.inner.io.handle().clone();
-    io.spawn(async move {
-        tokio::time::sleep(ORPHAN_AFTER).await;
-        if wakeups.take_unclaimed(&owner) && !client.inner.watchdog.holds(&name.hash, &owner) {
-            tracing::debug!(key = %name.key, "a lock handed to a waiter that is gone; passing it on");
-            client.release_in_background(name, owner);
-        }
-    });
 }
 
 #[derive(Debug, Clone)]
@@ -352,18 +314,43 @@ impl LockClient {
     /// A client over a connected backend and the I/O thread its
     /// connections live on (the builder makes both).
     pub(crate) fn from_parts(config: Config, backend: Backend, io: Io) -> LockClient {
-        let inner = Arc::new(Inner {
-            id: uuid::Uuid::new_v4().simple().to_string().into(),
-            backend: Arc::new(backend),
-            config,
-            watchdog: Watchdog::new(),
-            io,
+        let id: Arc<str> = uuid::Uuid::new_v4().simple().to_string().into();
+        let inner = Arc::new_cyclic(|me: &Weak<Inner>| {
+            let me = me.clone();
+            Inner {
+                claims: Claims::register(
+                    &id,
+                    Box::new(move |name, owner| {
+                        if let Some(inner) = me.upgrade() {
+                            LockClient { inner }.release_orphan(name, owner);
+                        }
+                    }),
+                ),
+                id,
+                backend: Arc::new(backend),
+                config,
+                watchdog: Watchdog::new(),
+                io,
+            }
         });
-        CLIENTS
-            .lock()
-            .unwrap()
-            .insert(inner.id.clone(), Arc::downgrade(&inner));
         LockClient { inner }
+    }
+
+    /// A grant (on the lock `name`, for `owner`) that no request of this
+    /// client claims: `owner`'s request ended, and took its attempts back
+    /// (a release that failed, or an entry left by an attempt whose answer
+    /// was lost). Unless `owner` holds the lock (its attempt found the lock
+    /// handed over and took it), it is released after [`ORPHAN_AFTER`],
+    /// passing the lock on instead of leaving it to nobody for a lease.
+    fn release_orphan(&self, name: LockName, owner: Arc<str>) {
+        let client = self.clone();
+        self.inner.io.spawn(async move {
+            tokio::time::sleep(ORPHAN_AFTER).await;
+            if !client.inner.watchdog.holds(&name.hash, &owner) {
+                tracing::debug!(key = %name.key, "a lock handed to a waiter that is gone; passing it on");
+                client.release_in_background(name, owner);
+            }
+        });
     }
 
     /// Release `owner`'s lock on the I/O thread. The task keeps the client
@@ -382,6 +369,18 @@ impl LockClient {
                 Err(e) => {
                     tracing::warn!(key = %name.key, error = %e, "background release failed; the lock expires with its lease")
                 }
+            }
+            drop(client);
+        });
+    }
+
+    /// Take back, on the I/O thread, an attempt of `owner` whose outcome is
+    /// unknown (see [`Backend::undo`]).
+    pub(crate) fn undo_in_background(&self, name: LockName, owner: Arc<str>) {
+        let client = self.clone();
+        self.inner.io.spawn(async move {
+            if let Err(e) = client.inner.backend.undo(&name, &owner).await {
+                tracing::warn!(key = %name.key, error = %e, "taking back a lock attempt failed; what it took expires with its lease");
             }
             drop(client);
         });

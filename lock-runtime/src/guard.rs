@@ -4,7 +4,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::backend::fault::Fault;
-use crate::backend::{Backend, Released, Renewal, Renewed};
+use crate::backend::{Backend, Released};
 use crate::key::LockName;
 use crate::metrics;
 use crate::scope::Scope;
@@ -314,29 +314,16 @@ impl Drop for Unfinished<'_> {
     }
 }
 
-/// Set `owner`'s lock to expire `left` from now, if it is still `owner`'s:
-/// the release of a hold with `min_hold` time left. The same
-/// compare-and-expire a renewal sends, so sending it twice is harmless.
+/// Leave `owner`'s lock to expire `left` from now, if it is still
+/// `owner`'s: the release of a hold with `min_hold` left. A renewal of
+/// `owner` that Redis runs after this finds no hold to extend.
 pub(crate) async fn keep(
     backend: &Backend,
     name: &LockName,
     owner: &Arc<str>,
     left: Duration,
 ) -> Result<Released, Fault> {
-    let renewal = Renewal {
-        name: name.clone(),
-        owner: owner.clone(),
-        lease: left,
-    };
-    match backend.renew(vec![renewal]).await.pop() {
-        Some(Renewed::Yes) => Ok(Released::Freed),
-        Some(Renewed::NotOwner) => Ok(Released::NotOwner),
-        Some(Renewed::Failed(e)) => Err(e),
-        None => Err(Fault::other(format!(
-            "leaving lock `{}` to expire at its min_hold: no answer",
-            name.key
-        ))),
-    }
+    backend.keep(name, owner, left).await
 }
 
 impl Drop for LockGuard {

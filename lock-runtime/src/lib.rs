@@ -119,6 +119,7 @@
 
 mod backend;
 mod builder;
+mod claims;
 mod client;
 mod error;
 mod global;

@@ -1,6 +1,7 @@
 use std::borrow::Cow;
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,11 +10,12 @@ use tracing::Instrument;
 
 use crate::backend::fault::Fault;
 use crate::backend::{Acquired, Queue, Queued, Renewal};
+use crate::claims::Stamp;
 use crate::guard::Hold;
 use crate::key::LockName;
 use crate::metrics;
 use crate::scope::{self, Reentry, Scope};
-use crate::wakeups::{Stamp, Waiter, Woken};
+use crate::wakeups::{Waiter, Woken};
 use crate::{LockClient, LockError, LockGuard, OnLost};
 
 /// Longest lease accepted: a year is already a lock that outlives deploys.
@@ -278,6 +280,10 @@ impl LockRequest {
         let new_owner =
             || -> Arc<str> { format!("{}:{mode}{}", client.inner.id, scope::next_holder()).into() };
         let mut owner = new_owner();
+        // From before the first send until this request ends, a grant for
+        // `owner` is this request's, whatever it is doing when the message
+        // arrives (see `claims.rs`).
+        let mut claim = client.inner.claims.open(&owner);
         let started = Instant::now();
         // A huge wait means "as long as it takes".
         let deadline = started.checked_add(wait).unwrap_or(started + MAX_LEASE);
@@ -294,177 +300,231 @@ impl LockRequest {
         // The last attempt that joined the queue: when it was sent, and the
         // backend's clock then. A grant's lease is counted from there.
         let mut queued_at: Option<(Instant, Queued)> = None;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            // A waiter asks again at least every `retry_delay` (+ jitter),
-            // which renews its place; one that died loses it soon after.
-            let queue = Queue {
-                stay: (!left.is_zero())
-                    .then(|| left.min(cfg.retry_delay) + cfg.retry_jitter + 2 * cfg.op_timeout),
-                rejoin: queued_once,
-            };
-            // Sent from this task: if it is dropped before the answer,
-            // `unsure` takes the attempt back.
-            unsure.pending = true;
-            // A later attempt must know an earlier one may have queued this
-            // owner, even if its answer never came.
-            let may_queue = queue.stay.is_some();
-            let sent_at = Instant::now();
-            let out = attempt(
-                &client,
-                &name,
-                &owner,
-                (lease, bounds),
-                queue,
-                scope.clone(),
-            )
-            .await;
-            let ttl = match out {
-                Ok(Attempt::Held(guard)) => {
-                    unsure.pending = false;
-                    if let Some(w) = waiter.as_mut() {
-                        w.consumed();
+        // The lock was seen held by another: a wait that runs out is a
+        // `Timeout`, whatever failed last.
+        let seen_busy = AtomicBool::new(false);
+        let outer = client.clone();
+        let outer_key = key.clone();
+        let bound = deadline
+            .checked_add(cfg.op_timeout)
+            .unwrap_or(started + MAX_LEASE);
+        let gave_up = |e: Fault, key: &str| -> LockError {
+            if seen_busy.load(Ordering::Relaxed) {
+                tracing::debug!(key = %key, error = %e, "lock busy; giving up (the last attempt failed)");
+                LockError::Timeout {
+                    key: key.to_owned(),
+                    waited: started.elapsed(),
+                }
+            } else {
+                e.into()
+            }
+        };
+        let looping = async {
+            loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                // A waiter asks again at least every `retry_delay` (+ jitter),
+                // which renews its place; one that died loses it soon after.
+                let queue = Queue {
+                    stay: (!left.is_zero())
+                        .then(|| left.min(cfg.retry_delay) + cfg.retry_jitter + 2 * cfg.op_timeout),
+                    rejoin: queued_once,
+                };
+                // Sent from this task: if it is dropped before the answer,
+                // `unsure` takes the attempt back.
+                unsure.pending = true;
+                // A later attempt must know an earlier one may have queued this
+                // owner, even if its answer never came.
+                let may_queue = queue.stay.is_some();
+                let sent_at = Instant::now();
+                let out = attempt(
+                    &client,
+                    &name,
+                    &owner,
+                    (lease, bounds),
+                    queue,
+                    scope.clone(),
+                )
+                .await;
+                let ttl = match out {
+                    Ok(Attempt::Held(guard)) => {
+                        unsure.pending = false;
+                        if let Some(w) = waiter.as_mut() {
+                            w.consumed();
+                        }
                         if queued_once {
                             // A hand-off's grant message may still come.
-                            w.settle();
+                            claim.settle();
                         }
+                        return Ok(acquired(&key, guard, started));
                     }
-                    return Ok(acquired(&key, guard, started));
-                }
-                Ok(Attempt::Busy { ttl, queued }) => {
-                    if let Some(w) = waiter.as_mut() {
-                        w.consumed();
-                    }
-                    failures = 0;
-                    if let Some(q) = queued {
-                        queued_once = true;
-                        queued_at = Some((sent_at, q));
-                    }
-                    // Queued: a release may yet hand it over, and if this
-                    // request ends first, `unsure` leaves the queue.
-                    unsure.pending = queued_once;
-                    ttl
-                }
-                Ok(Attempt::Late(e)) => {
-                    // Being taken back under this owner id: go on with a new
-                    // one, which that release cannot touch.
-                    unsure.pending = false;
-                    (owner, waiter, queued_once, queued_at) = (new_owner(), None, false, None);
-                    unsure.owner = owner.clone();
-                    failures += 1;
-                    pause_or_give_up(&client, failures, deadline, e).await?;
-                    continue;
-                }
-                Err(e) if e.is_transient() => {
-                    // The attempt may have run: the next one (same owner) is
-                    // answered `Repeated` if it did, and if this request ends
-                    // first, `unsure` takes it back.
-                    queued_once |= may_queue;
-                    failures += 1;
-                    tracing::debug!(key = %key, error = %e, "lock attempt failed; trying again");
-                    pause_or_give_up(&client, failures, deadline, e).await?;
-                    continue;
-                }
-                Err(e) => {
-                    // A refusal (bad data, a script error): nothing taken.
-                    unsure.pending = queued_once;
-                    return Err(e.into());
-                }
-            };
-            let now = Instant::now();
-            if now >= deadline {
-                tracing::debug!(key = %key, waited_ms = (now - started).as_millis() as u64, "lock busy; giving up");
-                return Err(LockError::Timeout {
-                    key,
-                    waited: now - started,
-                });
-            }
-            // Futures joined in one body share their scope: if a scope-mate
-            // took the key meanwhile, re-enter its hold.
-            let joined = scope.as_ref().map(|s| s.joined());
-            tokio::pin!(joined);
-            if let Some(j) = joined.as_mut().as_pin_mut() {
-                j.enable();
-            }
-            if let Some(guard) = reenter(&client, &scope, &name, lease, read)? {
-                return Ok(guard);
-            }
-            if !matches!(&waiter, Some(w) if !w.is_stale()) {
-                waiter = None;
-                match client.subscribe(&name, &owner).await {
-                    Ok((w, fresh)) => {
-                        waiter = Some(w);
-                        // Listening afresh: a release between the attempt
-                        // and the subscription could not reach this client.
-                        // A queued waiter checks it is still queued; one
-                        // that does not queue tries again.
-                        if fresh && !client.still_waits(&name, &owner, queued_at.is_some()).await {
-                            continue;
+                    Ok(Attempt::Busy { ttl, queued }) => {
+                        seen_busy.store(true, Ordering::Relaxed);
+                        if let Some(w) = waiter.as_mut() {
+                            w.consumed();
                         }
+                        failures = 0;
+                        if let Some(q) = queued {
+                            queued_once = true;
+                            queued_at = Some((sent_at, q));
+                        }
+                        // Queued: a release may yet hand it over, and if this
+                        // request ends first, `unsure` leaves the queue.
+                        unsure.pending = queued_once;
+                        ttl
+                    }
+                    Ok(Attempt::Late(e)) => {
+                        // Being taken back under this owner id: go on with a new
+                        // one, which that release cannot touch.
+                        unsure.pending = false;
+                        (owner, waiter, queued_once, queued_at) = (new_owner(), None, false, None);
+                        claim = client.inner.claims.open(&owner);
+                        unsure.owner = owner.clone();
+                        failures += 1;
+                        pause_or_give_up(&client, failures, deadline, e)
+                            .await
+                            .map_err(|e| gave_up(e, &key))?;
+                        continue;
+                    }
+                    Err(e) if e.is_transient() => {
+                        // The attempt may have run: the next one (same owner) is
+                        // answered `Repeated` if it did, and if this request ends
+                        // first, `unsure` takes it back.
+                        queued_once |= may_queue;
+                        failures += 1;
+                        tracing::debug!(key = %key, error = %e, "lock attempt failed; trying again");
+                        pause_or_give_up(&client, failures, deadline, e)
+                            .await
+                            .map_err(|e| gave_up(e, &key))?;
+                        continue;
                     }
                     Err(e) => {
-                        tracing::debug!(key = %key, error = %e, "cannot listen for releases; retrying on a timer");
+                        // A refusal (bad data, a script error): nothing taken.
+                        unsure.pending = queued_once;
+                        return Err(e.into());
+                    }
+                };
+                let now = Instant::now();
+                if now >= deadline {
+                    tracing::debug!(key = %key, waited_ms = (now - started).as_millis() as u64, "lock busy; giving up");
+                    return Err(LockError::Timeout {
+                        key,
+                        waited: now - started,
+                    });
+                }
+                // Futures joined in one body share their scope: if a scope-mate
+                // took the key meanwhile, re-enter its hold.
+                let joined = scope.as_ref().map(|s| s.joined());
+                tokio::pin!(joined);
+                if let Some(j) = joined.as_mut().as_pin_mut() {
+                    j.enable();
+                }
+                if let Some(guard) = reenter(&client, &scope, &name, lease, read)? {
+                    return Ok(guard);
+                }
+                if !matches!(&waiter, Some(w) if !w.is_stale()) {
+                    waiter = None;
+                    match client.subscribe(&name, &owner).await {
+                        Ok((w, fresh)) => {
+                            waiter = Some(w);
+                            // Listening afresh: a release between the attempt
+                            // and the subscription could not reach this client.
+                            // A queued waiter checks it is still queued; one
+                            // that does not queue tries again.
+                            if fresh
+                                && !client.still_waits(&name, &owner, queued_at.is_some()).await
+                            {
+                                continue;
+                            }
+                        }
+                        Err(e) => {
+                            tracing::debug!(key = %key, error = %e, "cannot listen for releases; retrying on a timer");
+                        }
                     }
                 }
+                let jitter = cfg.retry_jitter.mul_f64(fastrand::f64());
+                let nap = (ttl.unwrap_or(lease).min(cfg.retry_delay) + jitter).min(deadline - now);
+                let mailbox = claim.mailbox();
+                let released = async {
+                    match waiter.as_mut() {
+                        Some(w) => w.released().await,
+                        // Not listening (the subscription failed): a grant
+                        // heard anyway still lands in this request's mailbox.
+                        None => loop {
+                            let arrived = mailbox.arrived.notified();
+                            if let Some(g) = mailbox.take() {
+                                break Woken::Granted(g);
+                            }
+                            arrived.await;
+                        },
+                    }
+                };
+                let scope_joined = async {
+                    match joined.as_mut().as_pin_mut() {
+                        Some(j) => j.await,
+                        None => std::future::pending().await,
+                    }
+                };
+                let grant = tokio::select! {
+                    woken = released => match woken {
+                        Woken::Granted(g) => Some(g),
+                        Woken::Retry => None,
+                    },
+                    _ = scope_joined => None,
+                    _ = client.sleep(nap) => None,
+                };
+                let Some(grant) = grant else {
+                    continue;
+                };
+                if is_stale(queued_at, grant.at) {
+                    // Handed over before this owner queued again: the lock was
+                    // lost since (it expired unrenewed, or the data was lost),
+                    // and the attempt that queued again saw someone else hold it.
+                    continue;
+                }
+                // Handed over by the holder's release: the lock is ours.
+                if client.inner.backend.grants_need_confirming() {
+                    // The next attempt is answered `Repeated`, and confirms.
+                    continue;
+                }
+                let from = lease_start(started, queued_at, grant.at);
+                match granted(
+                    &client,
+                    name.clone(),
+                    owner.clone(),
+                    (lease, bounds),
+                    grant.fence,
+                    from,
+                    scope.clone(),
+                ) {
+                    Attempt::Held(guard) => {
+                        unsure.pending = false;
+                        return Ok(acquired(&key, guard, started));
+                    }
+                    Attempt::Late(e) => {
+                        unsure.pending = false;
+                        (owner, waiter, queued_once, queued_at) = (new_owner(), None, false, None);
+                        claim = client.inner.claims.open(&owner);
+                        unsure.owner = owner.clone();
+                        failures += 1;
+                        pause_or_give_up(&client, failures, deadline, e)
+                            .await
+                            .map_err(|e| gave_up(e, &key))?;
+                    }
+                    Attempt::Busy { .. } => unreachable!("a grant is never busy"),
+                }
             }
-            let jitter = cfg.retry_jitter.mul_f64(fastrand::f64());
-            let nap = (ttl.unwrap_or(lease).min(cfg.retry_delay) + jitter).min(deadline - now);
-            let released = async {
-                match waiter.as_mut() {
-                    Some(w) => w.released().await,
-                    None => std::future::pending().await,
-                }
-            };
-            let scope_joined = async {
-                match joined.as_mut().as_pin_mut() {
-                    Some(j) => j.await,
-                    None => std::future::pending().await,
-                }
-            };
-            let grant = tokio::select! {
-                woken = released => match woken {
-                    Woken::Granted(g) => Some(g),
-                    Woken::Retry => None,
-                },
-                _ = scope_joined => None,
-                _ = client.sleep(nap) => None,
-            };
-            let Some(grant) = grant else {
-                continue;
-            };
-            if is_stale(queued_at, grant.at) {
-                // Handed over before this owner queued again: the lock was
-                // lost since (it expired unrenewed, or the data was lost),
-                // and the attempt that queued again saw someone else hold it.
-                continue;
-            }
-            // Handed over by the holder's release: the lock is ours.
-            if client.inner.backend.grants_need_confirming() {
-                // The next attempt is answered `Repeated`, and confirms.
-                continue;
-            }
-            let from = lease_start(started, queued_at, grant.at);
-            match granted(
-                &client,
-                name.clone(),
-                owner.clone(),
-                (lease, bounds),
-                grant.fence,
-                from,
-                scope.clone(),
-            ) {
-                Attempt::Held(guard) => {
-                    unsure.pending = false;
-                    return Ok(acquired(&key, guard, started));
-                }
-                Attempt::Late(e) => {
-                    unsure.pending = false;
-                    (owner, waiter, queued_once, queued_at) = (new_owner(), None, false, None);
-                    unsure.owner = owner.clone();
-                    failures += 1;
-                    pause_or_give_up(&client, failures, deadline, e).await?;
-                }
-                Attempt::Busy { .. } => unreachable!("a grant is never busy"),
+        };
+        // A call ends by its deadline, plus at most the time one attempt
+        // in flight then may take; what it had sent is taken back.
+        tokio::select! {
+            biased;
+            out = looping => out,
+            () = outer.sleep(bound.saturating_duration_since(Instant::now())) => {
+                let late = Fault::timed_out(
+                    format!("acquiring lock `{outer_key}`"),
+                    bound - started,
+                );
+                Err(gave_up(late, &outer_key))
             }
         }
     }
@@ -546,7 +606,7 @@ fn granted(
         );
         // Taken back in the background: this owner id is spent, and a
         // later attempt must use another (its grant would be deleted).
-        client.release_in_background(name, owner);
+        client.undo_in_background(name, owner);
         return Attempt::Late(err);
     }
     let held = inner.watchdog.hold(
@@ -659,7 +719,7 @@ async fn pause_or_give_up(
     failures: u32,
     deadline: Instant,
     e: Fault,
-) -> Result<(), LockError> {
+) -> Result<(), Fault> {
     let cap = client
         .inner
         .config
@@ -669,7 +729,7 @@ async fn pause_or_give_up(
     let base = base.min(cap);
     let pause = base + base.mul_f64(fastrand::f64() / 2.0);
     if Instant::now() + pause >= deadline {
-        return Err(e.into());
+        return Err(e);
     }
     client.sleep(pause).await;
     Ok(())
@@ -690,7 +750,7 @@ impl Drop for Unsure {
     fn drop(&mut self) {
         if self.pending {
             self.client
-                .release_in_background(self.name.clone(), self.owner.clone());
+                .undo_in_background(self.name.clone(), self.owner.clone());
         }
     }
 }

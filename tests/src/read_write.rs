@@ -30,7 +30,8 @@ fn busy<T: std::fmt::Debug>(r: Result<T, LockError>) -> bool {
 
 /// Readers on different clients hold the key together and see the same
 /// token; a writer is refused while any of them holds it, and gets a
-/// higher token once the last one left.
+/// higher token once the last one left; a reader after a writer has a
+/// token no lower than that writer's, and the next writer's is higher.
 pub async fn readers_share_and_a_writer_excludes_them(clients: &[LockClient]) {
     let key = crate::unique("rw-share");
     let (a, b) = (&clients[0], &clients[1 % clients.len()]);
@@ -59,8 +60,21 @@ pub async fn readers_share_and_a_writer_excludes_them(clients: &[LockClient]) {
     let wt = w.fence();
     w.release().await.expect("writer leaves");
     let r3 = b.read_lock(&key).await.expect("reader after the writer");
-    assert_eq!(r3.fence(), wt, "a reader gets the last writer's token");
+    // The first reader of a read hold gets the current token floored at
+    // the server's clock, as a writer's is: never below the last writer's.
+    assert!(
+        r3.fence() >= wt,
+        "a reader's token {} is below the last writer's {wt}",
+        r3.fence()
+    );
+    let rt = r3.fence();
     r3.release().await.expect("reader leaves");
+    let w2 = a.write_lock(&key).await.expect("writer after the reader");
+    assert!(
+        w2.fence() > rt,
+        "the next writer's token is above the reader's"
+    );
+    w2.release().await.expect("writer leaves");
 }
 
 /// Once a writer waits, new readers queue behind it: with readers holding

@@ -365,10 +365,15 @@ async fn a_busy_wait_whose_server_goes_silent_ends_as_timeout_in_time() {
             (out, started.elapsed())
         })
     };
-    assert!(
-        eventually(Duration::from_secs(5), || queued(&server, &key) == 1).await,
-        "the waiter never queued"
-    );
+    // Queued, and told so: it listens for its grant once the busy answer
+    // came back.
+    let told = eventually(Duration::from_secs(5), || {
+        let listening: Vec<String> =
+            server.cmd(&["PUBSUB", "CHANNELS", &format!("{}:granted:*", hash(&key))]);
+        queued(&server, &key) == 1 && listening.len() == 1
+    })
+    .await;
+    assert!(told, "the waiter never queued");
     proxy.set(Mode::Blackhole);
     let (out, took) = task.await.unwrap();
     proxy.set(Mode::Pass);

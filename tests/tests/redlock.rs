@@ -363,3 +363,36 @@ async fn unreachable_majority_is_a_backend_error_naming_the_nodes_within_five_se
     let err = LockClient::redlock(empty).await.unwrap_err();
     assert!(matches!(err, LockError::Config(_)), "{err:?}");
 }
+
+/// A Redlock waiter listens on one node, whose lock its busy attempt may
+/// not have marked (that answer was lost, or the node was slow): a release
+/// that frees the lock there still wakes it.
+#[tokio::test]
+async fn a_release_of_an_unmarked_lock_wakes_redlock_waiters() {
+    let node = RedisServer::start();
+    let key = hash(&unique("unmarked"));
+    let keys = [
+        key.clone(),
+        format!("{key}:fence"),
+        format!("{key}:queue"),
+        format!("{key}:waiters"),
+        format!("{key}:readers"),
+    ];
+    let _: () = node.cmd(&["SET", &key, "a:1", "PX", "30000"]);
+    let client = redis::Client::open(node.url()).unwrap();
+    let mut sub = client.get_connection().unwrap();
+    let mut sub = sub.as_pubsub();
+    sub.subscribe(format!("{key}:released")).unwrap();
+    sub.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let released: i64 = redis::Script::new(include_str!("../../lock-runtime/scripts/release.lua"))
+        .key(&keys)
+        .arg("a:1")
+        .arg(format!("{key}:granted:"))
+        .arg("publish")
+        .arg(format!("{key}:released"))
+        .arg("a")
+        .invoke(&mut node.conn())
+        .unwrap();
+    assert_eq!(released, 1);
+    assert!(sub.get_message().is_ok(), "the waiter was not woken");
+}

@@ -10,9 +10,10 @@ use tokio::time::Instant;
 
 use super::fault::Fault;
 use super::{Acquired, Queue, Released, Renewal, Renewed};
+use crate::claims::{self, Grant, Stamp};
 use crate::key::LockName;
 use crate::key::{client_of, is_reader};
-use crate::wakeups::{Grant, Stamp, Waiter, Wakeups};
+use crate::wakeups::{Waiter, Wakeups};
 
 #[derive(Default)]
 pub(crate) struct MemoryBackend {
@@ -236,12 +237,13 @@ impl MemoryBackend {
             }
             let reader = is_reader(&next.owner);
             let fence = state.fences.get(&name.hash).copied().unwrap_or(0) + u64::from(!reader);
-            let channel = name.grant_channel(client_of(&next.owner));
             let grant = Grant {
                 fence,
                 at: Stamp::Local(now),
             };
-            if self.wakeups.deliver(&channel, &next.owner, grant) {
+            // (A waiter whose request is over is skipped, as on Redis one
+            // whose client no longer listens.)
+            if claims::deliver(&next.owner, grant) {
                 state.take(name, next.owner, next.lease, now);
                 if !reader {
                     break;
@@ -265,6 +267,29 @@ impl MemoryBackend {
             _ => Renewed::NotOwner,
         }
     }
+
+    /// `min_hold`: the hold ends, renamed `<owner>!` (as on Redis), and the
+    /// lock stays taken until `left` from now at most.
+    fn keep_now(&self, name: &LockName, owner: &Arc<str>, left: Duration) -> Released {
+        let now = Instant::now();
+        let mut state = self.state.lock().unwrap();
+        let kept: Arc<str> = format!("{owner}!").into();
+        match state.live(&name.hash, now) {
+            Some(Lock::Written { owner: o, expires }) if o == owner => {
+                *o = kept;
+                *expires = (*expires).min(now + left);
+                Released::Freed
+            }
+            Some(Lock::Read(readers)) => match readers.remove(&**owner) {
+                Some(ends) => {
+                    readers.insert(kept, ends.min(now + left));
+                    Released::Freed
+                }
+                None => Released::NotOwner,
+            },
+            _ => Released::NotOwner,
+        }
+    }
 }
 
 impl MemoryBackend {
@@ -286,6 +311,15 @@ impl MemoryBackend {
     ) -> Result<Released, Fault> {
         let out = self.release_now(name, owner);
         Ok(out)
+    }
+
+    pub(crate) async fn keep(
+        &self,
+        name: &LockName,
+        owner: &Arc<str>,
+        left: Duration,
+    ) -> Result<Released, Fault> {
+        Ok(self.keep_now(name, owner, left))
     }
 
     pub(crate) async fn renew(&self, batch: Vec<Renewal>) -> Vec<Renewed> {

@@ -146,6 +146,31 @@ impl Backend {
             fake _f => Err(Fault::other("not used")))
     }
 
+    /// Take back an attempt of `owner` whose outcome is unknown (its answer
+    /// was lost, or its caller went away before it came): release what it
+    /// may have taken, or take it out of the queue. Sent where it cannot
+    /// overtake the attempt it undoes: on the connection that attempt went
+    /// on, after it.
+    pub(crate) async fn undo(&self, name: &LockName, owner: &Arc<str>) -> Result<Released, Fault> {
+        match self {
+            Backend::Sentinel(b) => b.undo(name, owner).await,
+            _ => self.release(name, owner).await,
+        }
+    }
+
+    /// End `owner`'s hold, leaving the lock taken for `left` more
+    /// (`min_hold`): a renewal of `owner` that comes after this extends
+    /// nothing, and sending this twice is harmless.
+    pub(crate) async fn keep(
+        &self,
+        name: &LockName,
+        owner: &Arc<str>,
+        left: Duration,
+    ) -> Result<Released, Fault> {
+        each!(self, b => b.keep(name, owner, left).await,
+            fake _f => Err(Fault::other("not used")))
+    }
+
     /// Renew a batch in as few round trips as the backend allows; one
     /// outcome per item, in order.
     pub(crate) async fn renew(&self, batch: Vec<Renewal>) -> Vec<Renewed> {

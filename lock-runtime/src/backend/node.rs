@@ -428,6 +428,29 @@ impl RedisNode {
         })
     }
 
+    /// End `owner`'s hold but leave the lock taken for `left` more, unless
+    /// it is another's (the release of a hold with `min_hold` left).
+    pub(crate) async fn keep(
+        &self,
+        name: &LockName,
+        owner: &str,
+        left: Duration,
+    ) -> Result<Released, Fault> {
+        let left = millis(left).to_string();
+        let kept: i64 = self
+            .eval(
+                &scripts::KEEP,
+                &[&name.hash, &name.readers()],
+                &[owner, &left],
+            )
+            .await?;
+        Ok(if kept == 1 {
+            Released::Freed
+        } else {
+            Released::NotOwner
+        })
+    }
+
     /// Whether `owner` still waits in the lock's queue, or was handed the
     /// lock already.
     pub(crate) async fn still_queued(&self, name: &LockName, owner: &str) -> Result<bool, Fault> {

@@ -80,6 +80,15 @@ impl<S: Releases> RedisBackend<S> {
         self.node.renew(&batch).await
     }
 
+    pub(crate) async fn keep(
+        &self,
+        name: &LockName,
+        owner: &Arc<str>,
+        left: Duration,
+    ) -> Result<Released, Fault> {
+        self.node.keep(name, owner, left).await
+    }
+
     pub(crate) async fn subscribe(
         &self,
         name: &LockName,

@@ -352,6 +352,33 @@ impl Shared {
         )))
     }
 
+    /// Leave the lock to expire `left` from now on every node (min_hold).
+    async fn keep(&self, name: &LockName, owner: &str, left: Duration) -> Result<Released, Fault> {
+        let answers = self
+            .all(self.op_timeout, |s| async move {
+                s.node().await?.keep(name, owner, left).await
+            })
+            .await;
+        let count = |r: Released| {
+            answers
+                .iter()
+                .filter(|a| a.as_ref().ok() == Some(&r))
+                .count()
+        };
+        let (kept, not_owner) = (count(Released::Freed), count(Released::NotOwner));
+        let n = self.slots.len();
+        match verdict(n, self.quorum, kept, not_owner) {
+            Verdict::Majority => Ok(Released::Freed),
+            Verdict::Impossible => Ok(Released::NotOwner),
+            Verdict::Unknown => Err(Fault::other(format!(
+                "Redlock: leaving lock `{}` to its min_hold: confirmed by {kept} of {n} nodes, {} needed: {}",
+                name.key,
+                self.quorum,
+                self.failures(&answers)
+            ))),
+        }
+    }
+
     async fn renew(&self, batch: Vec<Renewal>) -> Vec<Renewed> {
         let shortest = batch.iter().map(|r| r.lease).min().unwrap_or_default();
         let batch = &batch;
@@ -409,6 +436,15 @@ impl RedlockBackend {
 
     pub(crate) async fn renew(&self, batch: Vec<Renewal>) -> Vec<Renewed> {
         self.shared.renew(batch).await
+    }
+
+    pub(crate) async fn keep(
+        &self,
+        name: &LockName,
+        owner: &Arc<str>,
+        left: Duration,
+    ) -> Result<Released, Fault> {
+        self.shared.keep(name, owner, left).await
     }
 
     pub(crate) async fn subscribe(

@@ -356,6 +356,33 @@ impl SentinelBackend {
         }
     }
 
+    /// With `replica_acks`, acquires go on a connection of their own:
+    /// their undo follows them there, so that it reaches Redis after the
+    /// acquire it takes back, however slow that one is.
+    pub(crate) async fn undo(&self, name: &LockName, owner: &Arc<str>) -> Result<Released, Fault> {
+        let first = self.shared.current();
+        let Some(acks) = first.acks_node.as_ref() else {
+            return self.release(name, owner).await;
+        };
+        match acks.release(name, owner, Wake::IfReleased).await {
+            // A failover since: the new primary has whatever survived.
+            Err(e) if may_have_moved(&e) => self.release(name, owner).await,
+            other => other,
+        }
+    }
+
+    pub(crate) async fn keep(
+        &self,
+        name: &LockName,
+        owner: &Arc<str>,
+        left: Duration,
+    ) -> Result<Released, Fault> {
+        // Idempotent: sent again on the new primary if the old one failed.
+        self.shared
+            .on_primary(|p| async move { p.node.keep(name, owner, left).await })
+            .await
+    }
+
     pub(crate) async fn renew(&self, batch: Vec<Renewal>) -> Vec<Renewed> {
         let shared = &self.shared;
         let (first, started) = (shared.current(), Instant::now());
