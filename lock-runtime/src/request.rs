@@ -303,11 +303,6 @@ impl LockRequest {
         // The lock was seen held by another: a wait that runs out is a
         // `Timeout`, whatever failed last.
         let seen_busy = AtomicBool::new(false);
-        let outer = client.clone();
-        let outer_key = key.clone();
-        let bound = deadline
-            .checked_add(cfg.op_timeout)
-            .unwrap_or(started + MAX_LEASE);
         let gave_up = |e: Fault, key: &str| -> LockError {
             if seen_busy.load(Ordering::Relaxed) {
                 tracing::debug!(key = %key, error = %e, "lock busy; giving up (the last attempt failed)");
@@ -319,212 +314,213 @@ impl LockRequest {
                 e.into()
             }
         };
-        let looping = async {
-            loop {
-                let left = deadline.saturating_duration_since(Instant::now());
-                // A waiter asks again at least every `retry_delay` (+ jitter),
-                // which renews its place; one that died loses it soon after.
-                let queue = Queue {
-                    stay: (!left.is_zero())
-                        .then(|| left.min(cfg.retry_delay) + cfg.retry_jitter + 2 * cfg.op_timeout),
-                    rejoin: queued_once,
-                };
-                // Sent from this task: if it is dropped before the answer,
-                // `unsure` takes the attempt back.
-                unsure.pending = true;
-                // A later attempt must know an earlier one may have queued this
-                // owner, even if its answer never came.
-                let may_queue = queue.stay.is_some();
-                let sent_at = Instant::now();
-                let out = attempt(
-                    &client,
-                    &name,
-                    &owner,
-                    (lease, bounds),
-                    queue,
-                    scope.clone(),
-                )
-                .await;
-                let ttl = match out {
-                    Ok(Attempt::Held(guard)) => {
-                        unsure.pending = false;
-                        if let Some(w) = waiter.as_mut() {
-                            w.consumed();
-                        }
-                        if queued_once {
-                            // A hand-off's grant message may still come.
-                            claim.settle();
-                        }
-                        return Ok(acquired(&key, guard, started));
+        // Nothing starts after the deadline but one last attempt, and every
+        // attempt is bounded by the backend: a call ends by its deadline
+        // plus at most one attempt.
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            // A waiter asks again at least every `retry_delay` (+ jitter),
+            // which renews its place; one that died loses it soon after.
+            let queue = Queue {
+                stay: (!left.is_zero())
+                    .then(|| left.min(cfg.retry_delay) + cfg.retry_jitter + 2 * cfg.op_timeout),
+                rejoin: queued_once,
+            };
+            // Sent from this task: if it is dropped before the answer,
+            // `unsure` takes the attempt back.
+            unsure.pending = true;
+            // A later attempt must know an earlier one may have queued this
+            // owner, even if its answer never came.
+            let may_queue = queue.stay.is_some();
+            let sent_at = Instant::now();
+            let out = attempt(
+                &client,
+                &name,
+                &owner,
+                (lease, bounds),
+                queue,
+                scope.clone(),
+            )
+            .await;
+            let ttl = match out {
+                Ok(Attempt::Held(guard)) => {
+                    unsure.pending = false;
+                    if let Some(w) = waiter.as_mut() {
+                        w.consumed();
                     }
-                    Ok(Attempt::Busy { ttl, queued }) => {
-                        seen_busy.store(true, Ordering::Relaxed);
-                        if let Some(w) = waiter.as_mut() {
-                            w.consumed();
-                        }
-                        failures = 0;
-                        if let Some(q) = queued {
-                            queued_once = true;
-                            queued_at = Some((sent_at, q));
-                        }
-                        // Queued: a release may yet hand it over, and if this
-                        // request ends first, `unsure` leaves the queue.
-                        unsure.pending = queued_once;
-                        ttl
+                    if queued_once {
+                        // A hand-off's grant message may still come.
+                        claim.settle();
                     }
-                    Ok(Attempt::Late(e)) => {
-                        // Being taken back under this owner id: go on with a new
-                        // one, which that release cannot touch.
-                        unsure.pending = false;
-                        (owner, waiter, queued_once, queued_at) = (new_owner(), None, false, None);
-                        claim = client.inner.claims.open(&owner);
-                        unsure.owner = owner.clone();
-                        failures += 1;
-                        pause_or_give_up(&client, failures, deadline, e)
-                            .await
-                            .map_err(|e| gave_up(e, &key))?;
-                        continue;
-                    }
-                    Err(e) if e.is_transient() => {
-                        // The attempt may have run: the next one (same owner) is
-                        // answered `Repeated` if it did, and if this request ends
-                        // first, `unsure` takes it back.
-                        queued_once |= may_queue;
-                        failures += 1;
-                        tracing::debug!(key = %key, error = %e, "lock attempt failed; trying again");
-                        pause_or_give_up(&client, failures, deadline, e)
-                            .await
-                            .map_err(|e| gave_up(e, &key))?;
-                        continue;
-                    }
-                    Err(e) => {
-                        // A refusal (bad data, a script error): nothing taken.
-                        unsure.pending = queued_once;
-                        return Err(e.into());
-                    }
-                };
-                let now = Instant::now();
-                if now >= deadline {
-                    tracing::debug!(key = %key, waited_ms = (now - started).as_millis() as u64, "lock busy; giving up");
-                    return Err(LockError::Timeout {
-                        key,
-                        waited: now - started,
-                    });
+                    return Ok(acquired(&key, guard, started));
                 }
-                // Futures joined in one body share their scope: if a scope-mate
-                // took the key meanwhile, re-enter its hold.
-                let joined = scope.as_ref().map(|s| s.joined());
-                tokio::pin!(joined);
-                if let Some(j) = joined.as_mut().as_pin_mut() {
-                    j.enable();
-                }
-                if let Some(guard) = reenter(&client, &scope, &name, lease, read)? {
-                    return Ok(guard);
-                }
-                if !matches!(&waiter, Some(w) if !w.is_stale()) {
-                    waiter = None;
-                    match client.subscribe(&name, &owner).await {
-                        Ok((w, fresh)) => {
-                            waiter = Some(w);
-                            // Listening afresh: a release between the attempt
-                            // and the subscription could not reach this client.
-                            // A queued waiter checks it is still queued; one
-                            // that does not queue tries again.
-                            if fresh
-                                && !client.still_waits(&name, &owner, queued_at.is_some()).await
-                            {
-                                continue;
-                            }
-                        }
-                        Err(e) => {
-                            tracing::debug!(key = %key, error = %e, "cannot listen for releases; retrying on a timer");
-                        }
+                Ok(Attempt::Busy { ttl, queued }) => {
+                    seen_busy.store(true, Ordering::Relaxed);
+                    if let Some(w) = waiter.as_mut() {
+                        w.consumed();
                     }
+                    failures = 0;
+                    if let Some(q) = queued {
+                        queued_once = true;
+                        queued_at = Some((sent_at, q));
+                    }
+                    // Queued: a release may yet hand it over, and if this
+                    // request ends first, `unsure` leaves the queue.
+                    unsure.pending = queued_once;
+                    ttl
                 }
-                let jitter = cfg.retry_jitter.mul_f64(fastrand::f64());
-                let nap = (ttl.unwrap_or(lease).min(cfg.retry_delay) + jitter).min(deadline - now);
-                let mailbox = claim.mailbox();
-                let released = async {
-                    match waiter.as_mut() {
-                        Some(w) => w.released().await,
-                        // Not listening (the subscription failed): a grant
-                        // heard anyway still lands in this request's mailbox.
-                        None => loop {
-                            let arrived = mailbox.arrived.notified();
-                            if let Some(g) = mailbox.take() {
-                                break Woken::Granted(g);
-                            }
-                            arrived.await;
-                        },
-                    }
-                };
-                let scope_joined = async {
-                    match joined.as_mut().as_pin_mut() {
-                        Some(j) => j.await,
-                        None => std::future::pending().await,
-                    }
-                };
-                let grant = tokio::select! {
-                    woken = released => match woken {
-                        Woken::Granted(g) => Some(g),
-                        Woken::Retry => None,
-                    },
-                    _ = scope_joined => None,
-                    _ = client.sleep(nap) => None,
-                };
-                let Some(grant) = grant else {
-                    continue;
-                };
-                if is_stale(queued_at, grant.at) {
-                    // Handed over before this owner queued again: the lock was
-                    // lost since (it expired unrenewed, or the data was lost),
-                    // and the attempt that queued again saw someone else hold it.
+                Ok(Attempt::Late(e)) => {
+                    // Being taken back under this owner id: go on with a new
+                    // one, which that release cannot touch.
+                    unsure.pending = false;
+                    (owner, waiter, queued_once, queued_at) = (new_owner(), None, false, None);
+                    claim = client.inner.claims.open(&owner);
+                    unsure.owner = owner.clone();
+                    failures += 1;
+                    pause_or_give_up(&client, failures, deadline, e)
+                        .await
+                        .map_err(|e| gave_up(e, &key))?;
                     continue;
                 }
-                // Handed over by the holder's release: the lock is ours.
-                if client.inner.backend.grants_need_confirming() {
-                    // The next attempt is answered `Repeated`, and confirms.
+                Err(e) if e.is_transient() => {
+                    // The attempt may have run: the next one (same owner) is
+                    // answered `Repeated` if it did, and if this request ends
+                    // first, `unsure` takes it back.
+                    queued_once |= may_queue;
+                    failures += 1;
+                    tracing::debug!(key = %key, error = %e, "lock attempt failed; trying again");
+                    pause_or_give_up(&client, failures, deadline, e)
+                        .await
+                        .map_err(|e| gave_up(e, &key))?;
                     continue;
                 }
-                let from = lease_start(started, queued_at, grant.at);
-                match granted(
-                    &client,
-                    name.clone(),
-                    owner.clone(),
-                    (lease, bounds),
-                    grant.fence,
-                    from,
-                    scope.clone(),
-                ) {
-                    Attempt::Held(guard) => {
-                        unsure.pending = false;
-                        return Ok(acquired(&key, guard, started));
+                Err(e) => {
+                    // A refusal (bad data, a script error): nothing taken.
+                    unsure.pending = queued_once;
+                    return Err(e.into());
+                }
+            };
+            let now = Instant::now();
+            if now >= deadline {
+                tracing::debug!(key = %key, waited_ms = (now - started).as_millis() as u64, "lock busy; giving up");
+                return Err(LockError::Timeout {
+                    key,
+                    waited: now - started,
+                });
+            }
+            // Futures joined in one body share their scope: if a scope-mate
+            // took the key meanwhile, re-enter its hold.
+            let joined = scope.as_ref().map(|s| s.joined());
+            tokio::pin!(joined);
+            if let Some(j) = joined.as_mut().as_pin_mut() {
+                j.enable();
+            }
+            if let Some(guard) = reenter(&client, &scope, &name, lease, read)? {
+                return Ok(guard);
+            }
+            if !matches!(&waiter, Some(w) if !w.is_stale()) {
+                waiter = None;
+                // Listening costs no more than the wait has left; what
+                // then remains is one last attempt.
+                let listen = async {
+                    let (w, fresh) = client.subscribe(&name, &owner).await?;
+                    // Listening afresh: a release between the attempt
+                    // and the subscription could not reach this client.
+                    // A queued waiter checks it is still queued; one
+                    // that does not queue tries again.
+                    let waits =
+                        !fresh || client.still_waits(&name, &owner, queued_at.is_some()).await;
+                    Ok::<_, LockError>((w, waits))
+                };
+                let out = tokio::select! {
+                    out = listen => Some(out),
+                    _ = client.sleep(deadline.saturating_duration_since(now)) => None,
+                };
+                match out {
+                    Some(Ok((w, waits))) => {
+                        waiter = Some(w);
+                        if !waits {
+                            continue;
+                        }
                     }
-                    Attempt::Late(e) => {
-                        unsure.pending = false;
-                        (owner, waiter, queued_once, queued_at) = (new_owner(), None, false, None);
-                        claim = client.inner.claims.open(&owner);
-                        unsure.owner = owner.clone();
-                        failures += 1;
-                        pause_or_give_up(&client, failures, deadline, e)
-                            .await
-                            .map_err(|e| gave_up(e, &key))?;
+                    Some(Err(e)) => {
+                        tracing::debug!(key = %key, error = %e, "cannot listen for releases; retrying on a timer");
                     }
-                    Attempt::Busy { .. } => unreachable!("a grant is never busy"),
+                    None => continue,
                 }
             }
-        };
-        // A call ends by its deadline, plus at most the time one attempt
-        // in flight then may take; what it had sent is taken back.
-        tokio::select! {
-            biased;
-            out = looping => out,
-            () = outer.sleep(bound.saturating_duration_since(Instant::now())) => {
-                let late = Fault::timed_out(
-                    format!("acquiring lock `{outer_key}`"),
-                    bound - started,
-                );
-                Err(gave_up(late, &outer_key))
+            let now = Instant::now();
+            let jitter = cfg.retry_jitter.mul_f64(fastrand::f64());
+            let nap = (ttl.unwrap_or(lease).min(cfg.retry_delay) + jitter)
+                .min(deadline.saturating_duration_since(now));
+            let mailbox = claim.mailbox();
+            let released = async {
+                match waiter.as_mut() {
+                    Some(w) => w.released().await,
+                    // Not listening (the subscription failed): a grant
+                    // heard anyway still lands in this request's mailbox.
+                    None => loop {
+                        let arrived = mailbox.arrived.notified();
+                        if let Some(g) = mailbox.take() {
+                            break Woken::Granted(g);
+                        }
+                        arrived.await;
+                    },
+                }
+            };
+            let scope_joined = async {
+                match joined.as_mut().as_pin_mut() {
+                    Some(j) => j.await,
+                    None => std::future::pending().await,
+                }
+            };
+            let grant = tokio::select! {
+                woken = released => match woken {
+                    Woken::Granted(g) => Some(g),
+                    Woken::Retry => None,
+                },
+                _ = scope_joined => None,
+                _ = client.sleep(nap) => None,
+            };
+            let Some(grant) = grant else {
+                continue;
+            };
+            if is_stale(queued_at, grant.at) {
+                // Handed over before this owner queued again: the lock was
+                // lost since (it expired unrenewed, or the data was lost),
+                // and the attempt that queued again saw someone else hold it.
+                continue;
+            }
+            // Handed over by the holder's release: the lock is ours.
+            if client.inner.backend.grants_need_confirming() {
+                // The next attempt is answered `Repeated`, and confirms.
+                continue;
+            }
+            let from = lease_start(started, queued_at, grant.at);
+            match granted(
+                &client,
+                name.clone(),
+                owner.clone(),
+                (lease, bounds),
+                grant.fence,
+                from,
+                scope.clone(),
+            ) {
+                Attempt::Held(guard) => {
+                    unsure.pending = false;
+                    return Ok(acquired(&key, guard, started));
+                }
+                Attempt::Late(e) => {
+                    unsure.pending = false;
+                    (owner, waiter, queued_once, queued_at) = (new_owner(), None, false, None);
+                    claim = client.inner.claims.open(&owner);
+                    unsure.owner = owner.clone();
+                    failures += 1;
+                    pause_or_give_up(&client, failures, deadline, e)
+                        .await
+                        .map_err(|e| gave_up(e, &key))?;
+                }
+                Attempt::Busy { .. } => unreachable!("a grant is never busy"),
             }
         }
     }
