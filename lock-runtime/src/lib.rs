@@ -121,11 +121,14 @@ mod backend;
 mod builder;
 mod client;
 mod error;
+mod glob;
 mod global;
 mod guard;
+mod info;
 mod io;
 mod key;
 mod metrics;
+mod operations;
 mod request;
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
@@ -146,6 +149,7 @@ pub use client::LockClient;
 pub use error::{BackendError, LockError};
 pub use global::{client, init};
 pub use guard::LockGuard;
+pub use info::{LockInfo, LockMode};
 /// ```
 /// use lock_runtime::{distributed_lock, LockClient, LockError};
 ///
