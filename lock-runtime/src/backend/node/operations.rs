@@ -4,8 +4,6 @@
 
 use std::time::Duration;
 
-use redis::FromRedisValue;
-
 use super::{Conn, Query, RedisNode, Wake};
 use crate::backend::fault::Fault;
 use crate::backend::Seen;
@@ -201,7 +199,7 @@ impl RedisNode {
 
     /// One command on the cluster node at `host:port`.
     #[cfg(feature = "cluster")]
-    async fn at_node<T: FromRedisValue>(
+    async fn at_node<T: redis::FromRedisValue>(
         &self,
         addr: &str,
         cmd: &redis::Cmd,
