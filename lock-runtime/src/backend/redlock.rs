@@ -496,10 +496,11 @@ impl Shared {
     /// The names any answering node has; an error unless a majority
     /// answered (a lock held by a majority is then on one of them).
     async fn scan(&self, pattern: &str) -> Result<Vec<String>, Fault> {
+        // Each SCAN step is bounded by the operation timeout; this only
+        // caps the whole walk of a node's keyspace.
+        let walk = Duration::from_secs(600);
         let answers = self
-            .all(self.op_timeout * 4, |s| async move {
-                s.node().await?.scan(pattern).await
-            })
+            .all(walk, |s| async move { s.node().await?.scan(pattern).await })
             .await;
         let answered = answers.iter().filter(|a| a.is_ok()).count();
         if answered < self.quorum {
