@@ -48,6 +48,12 @@
 //! message (`docs/HANDOFF.md`). After a release with nobody waiting only
 //! the fence counter remains.
 //!
+//! # Looking at locks and clearing them
+//! [`LockClient::inspect`] says who holds a key, for how long, and how many
+//! wait; [`LockClient::force_release`] clears a stuck holder and serves the
+//! next waiter at once; [`LockClient::locks`] lists the held keys. The
+//! `lockctl` CLI runs them from a shell.
+//!
 //! # Lost replies and dropped connections
 //! Owner ids are unique per acquisition and every lock script is idempotent,
 //! so a command whose connection broke is simply sent again: a repeated
@@ -122,11 +128,14 @@ mod builder;
 mod claims;
 mod client;
 mod error;
+mod glob;
 mod global;
 mod guard;
+mod info;
 mod io;
 mod key;
 mod metrics;
+mod operations;
 mod request;
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
@@ -147,6 +156,7 @@ pub use client::LockClient;
 pub use error::{BackendError, LockError};
 pub use global::{client, init};
 pub use guard::LockGuard;
+pub use info::{LockInfo, LockMode};
 /// ```
 /// use lock_runtime::{distributed_lock, LockClient, LockError};
 ///

@@ -27,8 +27,17 @@ script!(RELEASE, RELEASE_SHA, "release.lua");
 script!(RAISE_FENCE, RAISE_FENCE_SHA, "raise_fence.lua");
 script!(RENEW_READ, RENEW_READ_SHA, "renew_read.lua");
 script!(KEEP, KEEP_SHA, "keep.lua");
+script!(INSPECT, INSPECT_SHA, "inspect.lua");
 
-pub(crate) const ALL: [&Script; 6] = [&ACQUIRE, &RENEW, &RELEASE, &RAISE_FENCE, &RENEW_READ, &KEEP];
+pub(crate) const ALL: [&Script; 7] = [
+    &ACQUIRE,
+    &RENEW,
+    &RELEASE,
+    &RAISE_FENCE,
+    &RENEW_READ,
+    &KEEP,
+    &INSPECT,
+];
 
 impl Script {
     /// `EVALSHA sha numkeys keys.. args..`.

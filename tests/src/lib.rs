@@ -10,6 +10,7 @@ pub mod cluster;
 pub mod fenced;
 pub mod global;
 pub mod history;
+pub mod operations;
 pub mod proxy;
 pub mod read_write;
 pub mod reply_loss;

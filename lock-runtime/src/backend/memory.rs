@@ -15,6 +15,8 @@ use crate::key::LockName;
 use crate::key::{client_of, is_reader};
 use crate::wakeups::{Waiter, Wakeups};
 
+mod operations;
+
 #[derive(Default)]
 pub(crate) struct MemoryBackend {
     state: Arc<Mutex<State>>,

@@ -74,6 +74,20 @@ pub(crate) enum Released {
     NotOwner,
 }
 
+/// What a deployment holds of one lock, read for an operator
+/// ([`Backend::inspect`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Seen {
+    /// Owner ids holding it: one writer, or the readers in their lease.
+    pub(crate) holders: Vec<String>,
+    /// The lease left; `None` if nobody holds it.
+    pub(crate) ttl: Option<Duration>,
+    /// Waiters queued, of every client, still within their wait.
+    pub(crate) waiters: usize,
+    /// The last token handed out.
+    pub(crate) fence: Option<u64>,
+}
+
 /// One lock for the watchdog to extend.
 #[derive(Debug, Clone)]
 pub(crate) struct Renewal {
@@ -221,6 +235,28 @@ impl Backend {
     /// Tasks of this client waiting for the lock.
     pub(crate) fn waiting(&self, name: &LockName) -> usize {
         each!(self, b => b.waiting(name), fake _f => 0)
+    }
+
+    /// What the deployment holds of this lock; changes nothing.
+    pub(crate) async fn inspect(&self, name: &LockName) -> Result<Seen, Fault> {
+        each!(self, b => b.inspect(name).await,
+            fake _f => Err(Fault::other("not used")))
+    }
+
+    /// End every hold of this lock as its holder's own release would,
+    /// serving the queue, but without recording the holder as the one that
+    /// handed over (its own later release finds the lock lost). Returns the
+    /// holders whose hold this removed.
+    pub(crate) async fn force_release(&self, name: &LockName) -> Result<Vec<String>, Fault> {
+        each!(self, b => b.force_release(name).await,
+            fake _f => Err(Fault::other("not used")))
+    }
+
+    /// The Redis names matching the glob `pattern` (`SCAN`, on every
+    /// primary or node); the caller picks the locks among them.
+    pub(crate) async fn scan(&self, pattern: &str) -> Result<Vec<String>, Fault> {
+        each!(self, b => b.scan(pattern).await,
+            fake _f => Err(Fault::other("not used")))
     }
 
     /// How much of a lease the holder must not count on: clocks of several

@@ -17,6 +17,8 @@ use super::{Acquired, Queue, Queued, Released, Renewal, Renewed};
 use crate::key::{is_reader, LockName};
 use crate::scripts::{self, Script};
 
+mod operations;
+
 /// Renewals per EVALSHA: keeps one script call short enough not to stall
 /// Redis while still sending a whole tick in one pipelined round trip.
 const RENEW_CHUNK: usize = 500;

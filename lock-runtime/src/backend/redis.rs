@@ -10,7 +10,7 @@ use tokio::runtime::Handle;
 use super::fault::Fault;
 use super::node::{NodeSettings, RedisNode, Wake};
 use super::pubsub::Subscriber;
-use super::{Acquired, Queue, Released, Renewal, Renewed};
+use super::{Acquired, Queue, Released, Renewal, Renewed, Seen};
 use crate::key::LockName;
 use crate::wakeups::Waiter;
 
@@ -107,5 +107,17 @@ impl<S: Releases> RedisBackend<S> {
 
     pub(crate) fn waiting(&self, name: &LockName) -> usize {
         self.subscriber.waiting(name)
+    }
+
+    pub(crate) async fn inspect(&self, name: &LockName) -> Result<Seen, Fault> {
+        self.node.inspect(name).await
+    }
+
+    pub(crate) async fn force_release(&self, name: &LockName) -> Result<Vec<String>, Fault> {
+        self.node.force_release(name, Wake::IfReleased).await
+    }
+
+    pub(crate) async fn scan(&self, pattern: &str) -> Result<Vec<String>, Fault> {
+        self.node.scan(pattern).await
     }
 }

@@ -21,7 +21,7 @@ use super::endpoint;
 use super::fault::Fault;
 use super::node::{NodeSettings, RedisNode, Wake};
 use super::pubsub::Subscriber;
-use super::{Acquired, Queue, Released, Renewal, Renewed};
+use super::{Acquired, Queue, Released, Renewal, Renewed, Seen};
 use crate::key::LockName;
 use crate::wakeups::Waiter;
 
@@ -429,5 +429,32 @@ impl SentinelBackend {
 
     pub(crate) fn grants_need_confirming(&self) -> bool {
         self.shared.acks.is_some()
+    }
+}
+
+/// What an operator does: on the primary, as every lock operation.
+impl SentinelBackend {
+    pub(crate) async fn inspect(&self, name: &LockName) -> Result<Seen, Fault> {
+        self.shared
+            .on_primary(|p| async move { p.node.inspect(name).await })
+            .await
+    }
+
+    /// Not run again on a new primary after a failure: the first run may
+    /// have handed the lock to a waiter there, which a second run would
+    /// then clear too. The primary is looked up again for the next call.
+    pub(crate) async fn force_release(&self, name: &LockName) -> Result<Vec<String>, Fault> {
+        let (primary, started) = (self.shared.current(), Instant::now());
+        let out = primary.node.force_release(name, Wake::IfReleased).await;
+        if matches!(&out, Err(e) if may_have_moved(e)) {
+            self.shared.after_failure(&primary, started).await;
+        }
+        out
+    }
+
+    pub(crate) async fn scan(&self, pattern: &str) -> Result<Vec<String>, Fault> {
+        self.shared
+            .on_primary(|p| async move { p.node.scan(pattern).await })
+            .await
     }
 }
