@@ -32,13 +32,21 @@ local owner = ARGV[1]
 local function above(a, b)
   return #a > #b or (#a == #b and a > b)
 end
+-- The server's clock, read once per call and only when needed.
+local t
+local function time()
+  if not t then
+    t = redis.call('time')
+  end
+  return t
+end
 local function clock_us()
-  local t = redis.call('time')
+  local t = time()
   return t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
 end
 local reader = string.find(owner, ':r', 1, true) ~= nil
 local function now_ms()
-  local t = redis.call('time')
+  local t = time()
   -- Milliseconds have 13 digits: exact as Lua numbers and in concatenation.
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end

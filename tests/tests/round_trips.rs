@@ -195,9 +195,10 @@ async fn read_lock_round_trips_counted_by_redis() {
     ] {
         assert_eq!(calls, 1, "{what}: one EVALSHA");
     }
-    // Fresh: EVALSHA, GET lock, GET fence, DEL + SET + TIME + ZADD +
-    // PEXPIRE. The last release: EVALSHA, GET, ZREM, ZCARD, DEL.
-    assert_eq!(fresh.1, 8, "Redis commands for a fresh read lock");
+    // Fresh: EVALSHA, GET lock, GET fence, TIME, SET fence (the token
+    // floored at the clock), DEL + SET + ZADD + PEXPIRE. The last release:
+    // EVALSHA, GET, ZREM, ZCARD, DEL.
+    assert_eq!(fresh.1, 9, "Redis commands for a fresh read lock");
     assert_eq!(last.1, 5, "Redis commands for the last reader's release");
     assert!(
         (3..=7).contains(&ticks_window),
