@@ -133,6 +133,7 @@ mod response;
 mod run;
 mod scope;
 mod scripts;
+mod spans;
 mod wakeups;
 mod watchdog;
 
@@ -141,10 +142,11 @@ mod watchdog;
 #[path = "private.rs"]
 pub mod __private;
 
+pub use backend::memory::MemoryControl;
 pub use builder::LockClientBuilder;
 pub use client::LockClient;
 pub use error::{BackendError, LockError};
-pub use global::{client, init};
+pub use global::{client, init, with_client};
 pub use guard::LockGuard;
 /// ```
 /// use lock_runtime::{distributed_lock, LockClient, LockError};
@@ -173,4 +175,6 @@ pub use guard::LockGuard;
 pub use lock_macros::distributed_lock;
 pub use request::LockRequest;
 pub use run::OnLost;
-pub use scope::current_fence;
+#[doc(hidden)]
+pub use run::{LockResult, SkipResult};
+pub use scope::{current_fence, current_fences};

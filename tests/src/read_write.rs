@@ -18,7 +18,7 @@ pub fn waiting(clients: &[LockClient], key: &str) -> usize {
     for c in clients {
         if !ids.contains(&c.id()) {
             ids.push(c.id());
-            sum += c.waiting(key);
+            sum += c.waiting_here(key);
         }
     }
     sum

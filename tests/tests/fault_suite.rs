@@ -810,7 +810,7 @@ fn holder_crash_frees_the_lock_within_lease_plus_retry_delay() {
         });
         rt.block_on(async {
             assert!(
-                eventually(Duration::from_secs(5), || client.waiting(&key) == 1).await,
+                eventually(Duration::from_secs(5), || client.waiting_here(&key) == 1).await,
                 "run {run}: the waiter never waited"
             );
         });
@@ -1104,7 +1104,7 @@ fn failed_acquires_leave_no_keys() {
         n
     });
     assert_eq!(
-        client.waiting(&key),
+        client.waiting_here(&key),
         0,
         "timed-out waiters still registered"
     );
@@ -1564,7 +1564,7 @@ fn cancellation_fuzz() {
         .await;
         assert!(unsubscribed, "subscriptions left: {:?}", server.cmd::<Vec<String>>(&["PUBSUB", "CHANNELS"]));
         for k in keys.iter() {
-            assert_eq!(client.waiting(&format!("fuzz:{k}")), 0, "waiters left on {k}");
+            assert_eq!(client.waiting_here(&format!("fuzz:{k}")), 0, "waiters left on {k}");
         }
         // Quiet period: two short leases, and a renewal interval of the long.
         server.reset_stats();

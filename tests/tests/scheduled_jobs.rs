@@ -137,7 +137,7 @@ async fn a_waiter_queued_behind_a_min_hold_gets_the_lock_when_it_lapses() {
         })
     };
     // The waiter is queued before the release.
-    assert!(eventually(Duration::from_secs(5), || client.waiting(&key) > 0).await);
+    assert!(eventually(Duration::from_secs(5), || client.waiting_here(&key) > 0).await);
     guard.release().await.unwrap();
     let (g, waited) = waiter.await.unwrap();
     let g = g.expect("the waiter gets the lock once min_hold lapses");
