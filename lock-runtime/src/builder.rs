@@ -292,7 +292,8 @@ impl LockClient {
     /// use std::time::Duration;
     /// use lock_runtime::{LockClient, LockError};
     ///
-    /// # #[tokio::main(flavor = "current_thread")]
+    /// // Paused: the renewal that finds the loss comes in no real time.
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
     /// # async fn main() -> Result<(), LockError> {
     /// let (client, control) = LockClient::memory_with_control();
     /// // Two failed calls: retried within `op_timeout`, the lock is taken.

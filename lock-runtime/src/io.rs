@@ -142,12 +142,19 @@ fn fallback() -> &'static Handle {
             .expect("cannot build the lock fallback runtime");
         let handle = rt.handle().clone();
         std::thread::Builder::new()
-            .name("lock-runtime-fallback".into())
+            .name(FALLBACK_THREAD.into())
             .spawn(move || rt.block_on(std::future::pending::<()>()))
             .expect("cannot start the lock fallback thread");
         handle
     });
     &FALLBACK
+}
+
+const FALLBACK_THREAD: &str = "lock-runtime-fallback";
+
+/// Whether this code runs on the fallback thread.
+pub(crate) fn on_fallback() -> bool {
+    std::thread::current().name() == Some(FALLBACK_THREAD)
 }
 
 /// Spawn on the current runtime; if there is none, or it is shutting down

@@ -68,6 +68,9 @@ struct Task {
     /// ends.
     generation: u64,
     running: bool,
+    /// It has begun to run. One that has not may sit on a runtime that is
+    /// going away: a hold taken meanwhile starts another.
+    polled: bool,
     /// It runs where no caller's runtime was (the fallback thread): the
     /// next hold taken inside a runtime moves it there.
     stray: bool,
@@ -306,11 +309,12 @@ impl Watchdog {
     fn start(&self, io: &Io, backend: &Arc<Backend>) {
         let here = io.is_caller() && tokio::runtime::Handle::try_current().is_ok();
         let mut task = self.shared.task.lock().unwrap();
-        if task.running && !(task.stray && here) {
+        if task.running && task.polled && !(task.stray && here) {
             return;
         }
         task.generation += 1;
         task.running = true;
+        task.polled = false;
         task.stray = io.is_caller() && !here;
         let generation = task.generation;
         drop(task);
@@ -341,6 +345,7 @@ impl Drop for Running {
         if orphaned {
             task.generation += 1;
             task.running = true;
+            task.polled = false;
             task.stray = true;
             let generation = task.generation;
             drop(task);
@@ -362,6 +367,16 @@ async fn run(shared: Arc<Shared>, backend: Arc<Backend>, generation: u64) {
         backend: backend.clone(),
         generation,
     };
+    {
+        let mut task = shared.task.lock().unwrap();
+        if task.generation == generation {
+            task.polled = true;
+            // On the fallback thread (moved there when the runtime it was
+            // spawned on shut down before it ran): a hold taken in a
+            // runtime brings it back to one.
+            task.stray |= crate::io::on_fallback();
+        }
+    }
     loop {
         let notified = shared.wake.notified();
         tokio::pin!(notified);

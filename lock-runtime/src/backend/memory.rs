@@ -575,3 +575,76 @@ impl std::fmt::Debug for MemoryControl {
             .finish_non_exhaustive()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::Backend;
+    use crate::LockClient;
+
+    fn entries(client: &LockClient) -> usize {
+        match &*client.inner.backend {
+            Backend::Memory(m) => m.entries(),
+            _ => unreachable!(),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn memory_stays_bounded_however_many_keys_are_locked() {
+        let client = LockClient::memory();
+        for i in 0..2_000 {
+            let key = format!("order:{i}");
+            client.lock(&key).await.unwrap().release().await.unwrap();
+            // Left to expire, not released: kept until its time comes.
+            let kept = client.lock(format!("job:{i}")).min_hold(Duration::from_secs(60));
+            kept.await.unwrap().release().await.unwrap();
+            client.read_lock(&key).await.unwrap().release().await.unwrap();
+        }
+        assert!(entries(&client) >= 2_000, "the min_hold locks are kept");
+        tokio::time::advance(Duration::from_secs(61)).await;
+        // The next call drops what lapsed (the count's own call does).
+        assert_eq!(entries(&client), 0, "nothing is kept for free keys");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn tokens_never_hand_out_zero_and_rise_per_key() {
+        let client = LockClient::memory();
+        let reader = client.read_lock("doc:1").await.unwrap();
+        assert!(reader.fence() >= 1, "0 is the token of an unfenced lock");
+        let second = client.read_lock("doc:1").await.unwrap();
+        assert_eq!(second.fence(), reader.fence(), "readers of one hold share");
+        let first_reader = reader.fence();
+        reader.release().await.unwrap();
+        second.release().await.unwrap();
+        // Other keys move the counter; this key's tokens still only rise.
+        let other = client.lock("doc:2").await.unwrap();
+        let writer = client.lock("doc:1").await.unwrap();
+        assert!(writer.fence() > first_reader && writer.fence() > other.fence());
+        let w = writer.fence();
+        writer.release().await.unwrap();
+        let reader = client.read_lock("doc:1").await.unwrap();
+        assert!(reader.fence() >= w, "a reader's token is at least the last writer's");
+        reader.release().await.unwrap();
+        let next = client.lock("doc:1").await.unwrap();
+        assert!(next.fence() > w);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failed_calls_are_retried_within_the_operation_timeout() {
+        let (client, control) = LockClient::builder()
+            .op_timeout(Duration::from_secs(2))
+            .wait(Duration::ZERO)
+            .memory_with_control()
+            .unwrap();
+        control.fail_next(3);
+        let guard = client.lock("k").await.expect("three cuts are ridden out");
+        guard.release().await.unwrap();
+        // More than fit in one operation timeout: the call fails as
+        // with a connection that stays down.
+        control.fail_next(usize::MAX);
+        let err = client.lock("k").await.unwrap_err();
+        assert!(matches!(err, crate::LockError::Backend(_)), "{err:?}");
+        control.fail_next(0);
+        client.lock("k").await.unwrap().release().await.unwrap();
+    }
+}
