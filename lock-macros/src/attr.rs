@@ -286,7 +286,11 @@ fn suggestion(given: &str) -> Option<(&'static str, &'static str)> {
         ("lock_at_least_for", "min_hold", ""),
         ("timeout", "wait", " (how long to wait for a busy lock)"),
         ("wait_time", "wait", " (how long to wait for a busy lock)"),
-        ("acquire_timeout", "wait", " (how long to wait for a busy lock)"),
+        (
+            "acquire_timeout",
+            "wait",
+            " (how long to wait for a busy lock)",
+        ),
         ("name", "key", ""),
         ("skip", "on_busy", " = \"skip\""),
         ("shared", "mode", " = \"read\""),

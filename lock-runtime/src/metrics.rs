@@ -105,8 +105,7 @@ pub(crate) fn acquired(lock: &'static str, waited: Duration) {
     {
         let label = [("lock", lock)];
         metrics::counter!(ACQUIRED, &label).increment(1);
-        metrics::histogram!(ACQUIRE_SECONDS, &label)
-            .record(waited.as_secs_f64());
+        metrics::histogram!(ACQUIRE_SECONDS, &label).record(waited.as_secs_f64());
     }
     #[cfg(not(feature = "metrics"))]
     let _ = (lock, waited);

@@ -75,10 +75,7 @@ impl LockRequest {
     /// held.release().await?;
     /// # Ok(()) }
     /// ```
-    pub async fn run_or_skip<F: Future>(
-        mut self,
-        body: F,
-    ) -> Result<Option<F::Output>, LockError> {
+    pub async fn run_or_skip<F: Future>(mut self, body: F) -> Result<Option<F::Output>, LockError> {
         self.wait.get_or_insert(Duration::ZERO);
         match self.run(body).await {
             Ok(out) => Ok(Some(out)),
@@ -144,7 +141,6 @@ pub trait LockResult {
 
     /// The lock error as this type.
     fn from_lock_error(e: LockError) -> Self;
-
 }
 
 #[diagnostic::do_not_recommend]

@@ -80,9 +80,7 @@ tokio::task_local! {
 
 /// Run a request's acquisition in its `lock.acquire` span(s).
 pub(crate) async fn acquiring<F: Future>(phases: Phases, fut: F) -> F::Output {
-    ACQUIRE
-        .scope(RefCell::new(phases), InCurrent { fut })
-        .await
+    ACQUIRE.scope(RefCell::new(phases), InCurrent { fut }).await
 }
 
 /// The request being acquired starts to wait: INFO from here on.

@@ -145,10 +145,7 @@ impl Held {
     pub(crate) fn ended(&self) -> Option<(Ended, Option<Duration>)> {
         let why = self.lost.why()?;
         let ms = self.lost.max_hold_ms.load(Ordering::Relaxed);
-        Some((
-            why,
-            (ms > 0).then(|| Duration::from_millis(u64::from(ms))),
-        ))
+        Some((why, (ms > 0).then(|| Duration::from_millis(u64::from(ms)))))
     }
 
     /// Resolves when the lock is lost; never, if it is released first.
@@ -230,8 +227,10 @@ impl Watchdog {
         let lost = LostSignal::default();
         if let Some(u) = until {
             let max_hold = u.saturating_duration_since(granted_at).as_millis();
-            lost.max_hold_ms
-                .store(u32::try_from(max_hold).unwrap_or(u32::MAX), Ordering::Relaxed);
+            lost.max_hold_ms.store(
+                u32::try_from(max_hold).unwrap_or(u32::MAX),
+                Ordering::Relaxed,
+            );
         }
         let entry = Entry {
             id: self.shared.next_id.fetch_add(1, Ordering::Relaxed),

@@ -140,4 +140,3 @@ pub fn tls_server(certs: &Certs) -> (RedisServer, u16) {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     (RedisServer::start_with(&args), tls_port)
 }
-

@@ -780,6 +780,7 @@ fn holder_crash_frees_the_lock_within_lease_plus_retry_delay() {
     let client = rt
         .block_on(
             LockClient::builder()
+                .wait(Duration::ZERO) // tries once unless a request says otherwise
                 .retry_delay(retry_delay)
                 .connect(&server.url()),
         )
@@ -917,7 +918,13 @@ fn redis_restart_while_held_renews_or_reports_lost() {
             _ => RedisServer::start(),
         };
         let proxy = Proxy::for_server(&server);
-        let client = rt.block_on(LockClient::connect(&proxy.url())).unwrap();
+        let client = rt
+            .block_on(
+                LockClient::builder()
+                    .wait(Duration::ZERO)
+                    .connect(&proxy.url()),
+            )
+            .unwrap();
         let guards: Vec<_> = rt.block_on(async {
             let mut v = Vec::new();
             for i in 0..20 {
@@ -989,6 +996,7 @@ fn redlock_minority_failed_acquires_leave_no_keys() {
     let client = rt
         .block_on(
             LockClient::builder()
+                .wait(Duration::ZERO) // tries once unless a request says otherwise
                 .lease(lease)
                 .op_timeout(Duration::from_millis(200))
                 .redlock(&urls),
@@ -1077,6 +1085,7 @@ fn failed_acquires_leave_no_keys() {
     let client = rt
         .block_on(
             LockClient::builder()
+                .wait(Duration::ZERO) // tries once unless a request says otherwise
                 .op_timeout(op_timeout)
                 .lease(lease)
                 .connect(&proxy.url()),
@@ -1235,6 +1244,7 @@ fn acquire_reply_slower_than_the_lease_is_not_a_held_lock() {
     let client = rt
         .block_on(
             LockClient::builder()
+                .wait(Duration::ZERO) // tries once unless a request says otherwise
                 .op_timeout(Duration::from_secs(3))
                 .connect(&proxy.url()),
         )

@@ -176,7 +176,7 @@ async fn minority_killed_while_held_stays_held_and_renewed() {
         let ttl: i64 = n.cmd(&["PTTL", &hash(&key)]);
         assert!(ttl > 0, "not renewed on a live node (pttl {ttl})");
     }
-    let err = other.lock(&key).await.unwrap_err();
+    let err = other.lock(&key).wait(Duration::ZERO).await.unwrap_err();
     assert!(matches!(err, LockError::Timeout { .. }), "{err:?}");
     guard.release().await.expect("still held at release");
     for n in &nodes[..3] {

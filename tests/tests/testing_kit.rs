@@ -118,7 +118,10 @@ async fn a_10_minute_hold_is_kept_alive_by_the_watchdog() {
     // 9 minutes in (18 leases of 30 s): still held.
     sleep(Duration::from_secs(540)).await;
     let probe = client.lock("report:1").try_acquire().await.unwrap();
-    assert!(probe.is_none(), "the hold lapsed: renewals did not follow tokio's clock");
+    assert!(
+        probe.is_none(),
+        "the hold lapsed: renewals did not follow tokio's clock"
+    );
     let fence = job.await.unwrap().expect("the hold was lost");
     // Released at the end: free at once.
     let next = client.lock("report:1").wait(Duration::ZERO).await.unwrap();
@@ -213,12 +216,19 @@ async fn max_hold_is_its_own_error() {
 #[tokio::test(start_paused = true)]
 async fn scopes_nest_and_fall_back_to_the_global_client() {
     // No `init` in this binary: outside any scope there is no client.
-    assert!(matches!(lock_runtime::client(), Err(LockError::NotInitialized)));
+    assert!(matches!(
+        lock_runtime::client(),
+        Err(LockError::NotInitialized)
+    ));
     assert!(matches!(who(1).await, Err(LockError::NotInitialized)));
     let (a, b) = (LockClient::memory(), LockClient::memory());
     with_client(a.clone(), async {
         let (id, held) = who(1).await.unwrap();
-        assert_eq!((id.as_str(), held), (a.id(), 1), "the scope's client holds it");
+        assert_eq!(
+            (id.as_str(), held),
+            (a.id(), 1),
+            "the scope's client holds it"
+        );
         with_client(b.clone(), async {
             assert_eq!(who(2).await.unwrap().0, b.id(), "the innermost scope wins");
         })
@@ -279,9 +289,16 @@ fn a_memory_client_outlives_the_runtime_it_was_made_in() {
     });
     drop(first);
     runtime(true).block_on(async {
-        let guard = client.lock("b").lease(Duration::from_secs(3)).await.unwrap();
+        let guard = client
+            .lock("b")
+            .lease(Duration::from_secs(3))
+            .await
+            .unwrap();
         sleep(Duration::from_secs(60)).await;
-        assert!(!guard.is_lost(), "not renewed after its first runtime went away");
+        assert!(
+            !guard.is_lost(),
+            "not renewed after its first runtime went away"
+        );
         guard.release().await.unwrap();
     });
 }

@@ -214,7 +214,9 @@ mod tests {
     #[cfg(all(feature = "tls", not(feature = "tls-insecure")))]
     #[test]
     fn insecure_without_its_feature_is_refused_with_what_to_do() {
-        let e = info("rediss://u:pw@db:6380/#insecure").unwrap_err().to_string();
+        let e = info("rediss://u:pw@db:6380/#insecure")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("`tls-insecure` feature"), "{e}");
         assert!(e.contains("tls_root_ca"), "{e}");
         assert!(!e.contains("pw"), "{e}");

@@ -571,7 +571,10 @@ impl MemoryControl {
 impl std::fmt::Debug for MemoryControl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemoryControl")
-            .field("failing_next", &self.shared.failures.load(Ordering::Relaxed))
+            .field(
+                "failing_next",
+                &self.shared.failures.load(Ordering::Relaxed),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -596,9 +599,17 @@ mod tests {
             let key = format!("order:{i}");
             client.lock(&key).await.unwrap().release().await.unwrap();
             // Left to expire, not released: kept until its time comes.
-            let kept = client.lock(format!("job:{i}")).min_hold(Duration::from_secs(60));
+            let kept = client
+                .lock(format!("job:{i}"))
+                .min_hold(Duration::from_secs(60));
             kept.await.unwrap().release().await.unwrap();
-            client.read_lock(&key).await.unwrap().release().await.unwrap();
+            client
+                .read_lock(&key)
+                .await
+                .unwrap()
+                .release()
+                .await
+                .unwrap();
         }
         assert!(entries(&client) >= 2_000, "the min_hold locks are kept");
         tokio::time::advance(Duration::from_secs(61)).await;
@@ -623,7 +634,10 @@ mod tests {
         let w = writer.fence();
         writer.release().await.unwrap();
         let reader = client.read_lock("doc:1").await.unwrap();
-        assert!(reader.fence() >= w, "a reader's token is at least the last writer's");
+        assert!(
+            reader.fence() >= w,
+            "a reader's token is at least the last writer's"
+        );
         reader.release().await.unwrap();
         let next = client.lock("doc:1").await.unwrap();
         assert!(next.fence() > w);
