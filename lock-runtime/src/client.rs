@@ -222,8 +222,11 @@ impl LockClient {
     /// A primary found through Redis Sentinel (`redis://host:26379` URLs of
     /// the sentinels) under `master_name`; failovers are followed.
     ///
-    /// The primary is reached at the address Sentinel reports, as
-    /// `redis://host:port` (no password or TLS on the data nodes yet). See
+    /// The primary is reached at the address Sentinel reports, the way the
+    /// sentinel URLs say: over TLS if they are `rediss://` (feature `tls`),
+    /// with their user, password and database;
+    /// [`LockClientBuilder::sentinel_auth`] is for the sentinels' own
+    /// credentials. See
     /// [`LockClientBuilder::replica_acks`] for locks that survive a failover.
     ///
     /// ```no_run
