@@ -55,8 +55,11 @@ async fn consume_on(id: u64, steps: u32) -> Result<u32, LockError> {
     Ok(steps)
 }
 
+/// What a body sees: `current_fence()` and `current_fences()`.
+type Seen = (Option<u64>, Vec<(String, u64)>);
+
 #[distributed_lock(keys = ["account:{from}", "account:{to}"])]
-async fn transfer(from: u64, to: u64) -> Result<(Option<u64>, Vec<(String, u64)>), LockError> {
+async fn transfer(from: u64, to: u64) -> Result<Seen, LockError> {
     let _ = (from, to);
     Ok((current_fence(), current_fences()))
 }

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockError};
 use tests::sentinel::{Sentinel, Timing};
-use tests::tls::{acl_args, tls_server, Certs, PASSWORD, USER};
-use tests::{free_port, unique, RedisServer};
+use tests::tls::{tls_server, Certs, PASSWORD, USER};
+use tests::{free_port, unique};
 
 async fn lock_and_release(client: &LockClient) -> u64 {
     let guard = client.lock(unique("tls")).await.expect("lock");
