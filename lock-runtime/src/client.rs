@@ -36,11 +36,13 @@ use crate::{LockClientBuilder, LockError};
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), lock_runtime::LockError> {
 /// use lock_runtime::{LockClient, LockError};
+/// use std::time::Duration;
 ///
 /// let client = LockClient::memory();
 /// let first = client.lock("order:42").await?;
-/// // Busy: a second holder gives up after `wait` (0 by default).
-/// assert!(matches!(client.lock("order:42").await, Err(LockError::Timeout { .. })));
+/// // Busy: a second holder gives up after its `wait` (5 s by default).
+/// let busy = client.lock("order:42").wait(Duration::ZERO).await;
+/// assert!(matches!(busy, Err(LockError::Timeout { .. })));
 /// let fence = first.fence();
 /// first.release().await?;
 /// let second = client.lock("order:42").await?;
@@ -84,7 +86,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             lease: Duration::from_secs(30),
-            wait: Duration::ZERO,
+            wait: Duration::from_secs(5),
             prefix: "lock:".into(),
             retry_delay: Duration::from_secs(1),
             retry_jitter: Duration::from_millis(50),
@@ -182,8 +184,11 @@ impl LockClient {
     /// A primary found through Redis Sentinel (`redis://host:26379` URLs of
     /// the sentinels) under `master_name`; failovers are followed.
     ///
-    /// The primary is reached at the address Sentinel reports, as
-    /// `redis://host:port` (no password or TLS on the data nodes yet). See
+    /// The primary is reached at the address Sentinel reports, the way the
+    /// sentinel URLs say: over TLS if they are `rediss://` (feature `tls`),
+    /// with their user, password and database;
+    /// [`LockClientBuilder::sentinel_auth`] is for the sentinels' own
+    /// credentials. See
     /// [`LockClientBuilder::replica_acks`] for locks that survive a failover.
     ///
     /// ```no_run
@@ -203,9 +208,12 @@ impl LockClient {
     }
 
     /// Locks held in this process only, with the same semantics as Redis.
-    /// For single-instance services and unit tests.
+    /// For single-instance services and unit tests. Time is tokio's, read
+    /// on the runtime that uses the client: under `tokio::time::pause()`
+    /// leases, waits and renewals follow `tokio::time::advance`. See
+    /// [`memory_with_control`](Self::memory_with_control) for test hooks.
     pub fn memory() -> LockClient {
-        Self::builder().memory()
+        Self::memory_with_control().0
     }
 
     /// Defaults (lease, wait, key prefix, retry timing) for a new client.
@@ -241,11 +249,13 @@ impl LockClient {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), lock_runtime::LockError> {
     /// use lock_runtime::{LockClient, LockError};
+    /// use std::time::Duration;
     ///
     /// let client = LockClient::memory();
     /// let a = client.read_lock("doc:7").await?;
     /// let b = client.read_lock("doc:7").await?; // readers share
-    /// assert!(matches!(client.write_lock("doc:7").await, Err(LockError::Timeout { .. })));
+    /// let writer = client.write_lock("doc:7").wait(Duration::ZERO).await;
+    /// assert!(matches!(writer, Err(LockError::Timeout { .. })));
     /// let read_token = a.fence();
     /// assert_eq!(b.fence(), read_token);
     /// a.release().await?;
@@ -306,9 +316,17 @@ impl LockClient {
         self.inner.watchdog.len()
     }
 
-    /// How many tasks of this client wait for `key` to be released.
-    pub fn waiting(&self, key: &str) -> usize {
+    /// How many tasks of this client (this process, through this client
+    /// and its clones) wait for `key` to be released. Waiters of other
+    /// clients are not counted.
+    pub fn waiting_here(&self, key: &str) -> usize {
         LockName::new(&self.inner.config.prefix, key).map_or(0, |n| self.inner.backend.waiting(&n))
+    }
+
+    /// [`waiting_here`](Self::waiting_here): this client's waiters only.
+    #[deprecated(note = "counts this client's waiters only: use `waiting_here`")]
+    pub fn waiting(&self, key: &str) -> usize {
+        self.waiting_here(key)
     }
 
     /// A client over a connected backend and the I/O thread its
@@ -439,7 +457,6 @@ impl LockClient {
 
     /// A timer on the client's own runtime, usable from any runtime.
     pub(crate) fn sleep(&self, d: Duration) -> tokio::time::Sleep {
-        let _rt = self.inner.io.handle().enter();
-        tokio::time::sleep(d)
+        self.inner.io.sleep(d)
     }
 }

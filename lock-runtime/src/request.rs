@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tracing::Instrument;
 
 use crate::backend::fault::Fault;
 use crate::backend::{Acquired, Queue, Queued, Renewal};
@@ -15,6 +14,7 @@ use crate::guard::Hold;
 use crate::key::LockName;
 use crate::metrics;
 use crate::scope::{self, Reentry, Scope};
+use crate::spans;
 use crate::wakeups::{Waiter, Woken};
 use crate::{LockClient, LockError, LockGuard, OnLost};
 
@@ -60,7 +60,7 @@ pub struct LockRequest {
     /// Shared (`LockClient::read_lock`) rather than exclusive.
     read: bool,
     lease: Option<Duration>,
-    wait: Option<Duration>,
+    pub(crate) wait: Option<Duration>,
     pub(crate) on_lost: OnLost,
     min_hold: Option<Duration>,
     max_hold: Option<Duration>,
@@ -144,7 +144,11 @@ impl LockRequest {
     /// Take the lock if it is free within `wait`, else `Ok(None)`: what a
     /// job that runs on every instance wants, where "busy" means "another
     /// instance runs it now". Other failures are `Err` as for `.await`.
-    pub async fn try_acquire(self) -> Result<Option<LockGuard>, LockError> {
+    ///
+    /// Without a `wait` of its own it tries once (the client's default
+    /// `wait` is for requests that queue).
+    pub async fn try_acquire(mut self) -> Result<Option<LockGuard>, LockError> {
+        self.wait.get_or_insert(Duration::ZERO);
         match self.acquire().await {
             Ok(guard) => Ok(Some(guard)),
             Err(LockError::Timeout { .. }) => Ok(None),
@@ -152,39 +156,38 @@ impl LockRequest {
         }
     }
 
-    /// Acquire inside a `lock.acquire` span, and count the outcome.
+    /// Acquire inside a `lock.acquire` span (DEBUG, INFO once it waits:
+    /// see `spans.rs`), and count the outcome.
     async fn acquire(self) -> Result<LockGuard, LockError> {
+        let phases = spans::acquire(&self.key, self.label, self.wait);
+        spans::acquiring(phases, self.acquire_counted()).await
+    }
+
+    async fn acquire_counted(self) -> Result<LockGuard, LockError> {
         let label = self.label;
-        let span = tracing::info_span!(
-            "lock.acquire",
-            key = %self.key,
-            lock = %label,
-            wait_ms = self.wait.map(|w| w.as_millis() as u64),
-            outcome = tracing::field::Empty,
-            fence = tracing::field::Empty,
-        );
         let started = Instant::now();
         let out = if self.more.is_empty() {
-            self.acquire_in_span().instrument(span.clone()).await
+            self.acquire_in_span().await
         } else {
-            self.acquire_all().instrument(span.clone()).await
+            self.acquire_all().await
         };
         match &out {
             Ok(guard) if guard.is_reentry() => {
-                span.record("outcome", "reentered");
-                span.record("fence", guard.fence());
+                spans::acquired(guard.key(), label, "reentered", Some(guard.fence()), false);
             }
             Ok(guard) => {
-                span.record("outcome", "acquired");
-                span.record("fence", guard.fence());
+                spans::acquired(guard.key(), label, "acquired", Some(guard.fence()), false);
                 metrics::acquired(label, started.elapsed());
             }
-            Err(LockError::Timeout { .. }) => {
-                span.record("outcome", "busy");
+            Err(LockError::Timeout { key, .. }) => {
+                spans::acquired(key, label, "busy", None, false);
                 metrics::busy(label);
             }
+            Err(LockError::Lost { key } | LockError::MaxHoldReached { key, .. }) => {
+                spans::acquired(key, label, "lost", None, true);
+            }
             Err(_) => {
-                span.record("outcome", "failed");
+                spans::acquired("", label, "failed", None, false);
             }
         }
         out
@@ -408,6 +411,7 @@ impl LockRequest {
                     waited: now - started,
                 });
             }
+            spans::waiting(&key, label, wait);
             // Futures joined in one body share their scope: if a scope-mate
             // took the key meanwhile, re-enter its hold.
             let joined = scope.as_ref().map(|s| s.joined());

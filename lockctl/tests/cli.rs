@@ -123,7 +123,7 @@ async fn show_list_and_release_on_one_redis() {
         let (b, held) = (b.clone(), held.clone());
         tokio::spawn(async move { b.lock(&held).wait(Duration::from_secs(30)).await })
     };
-    assert!(eventually(Duration::from_secs(10), || b.waiting(&held) == 1).await);
+    assert!(eventually(Duration::from_secs(10), || b.waiting_here(&held) == 1).await);
     let r1 = a.read_lock(&read).await.unwrap();
     let r2 = b.read_lock(&read).await.unwrap();
     a.lock(&fenced).await.unwrap().release().await.unwrap();

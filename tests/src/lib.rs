@@ -16,6 +16,7 @@ pub mod read_write;
 pub mod reply_loss;
 pub mod semantics;
 pub mod sentinel;
+pub mod tls;
 
 /// A `redis-server` owned by one test (or one test binary).
 pub struct RedisServer {

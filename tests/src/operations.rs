@@ -156,7 +156,7 @@ pub async fn a_forced_release_hands_over(clients: &[LockClient]) -> Duration {
     let (holder, waiter, operator) = (&clients[0], &clients[1], &clients[2]);
     let stuck = holder.lock(&key).lease(STUCK_LEASE).await.unwrap();
     let task = wait_for(waiter, &key);
-    assert!(until(LIMIT, || async { waiter.waiting(&key) == 1 }).await);
+    assert!(until(LIMIT, || async { waiter.waiting_here(&key) == 1 }).await);
     let forced_at = Instant::now();
     assert!(operator.force_release(&key).await.unwrap());
     let (next, got_at) = tokio::time::timeout(LIMIT, task)
@@ -206,7 +206,7 @@ pub async fn a_forced_read_release_hands_to_the_writer(
     let r1 = clients[0].read_lock(&key).lease(lease).await.unwrap();
     let r2 = clients[1].read_lock(&key).lease(lease).await.unwrap();
     let task = wait_for(&clients[2], &key);
-    assert!(until(LIMIT, || async { clients[2].waiting(&key) == 1 }).await);
+    assert!(until(LIMIT, || async { clients[2].waiting_here(&key) == 1 }).await);
     assert!(clients[2].force_release(&key).await.unwrap());
     let (w, _) = tokio::time::timeout(LIMIT, task)
         .await

@@ -780,6 +780,7 @@ fn holder_crash_frees_the_lock_within_lease_plus_retry_delay() {
     let client = rt
         .block_on(
             LockClient::builder()
+                .wait(Duration::ZERO) // tries once unless a request says otherwise
                 .retry_delay(retry_delay)
                 .connect(&server.url()),
         )
@@ -810,7 +811,7 @@ fn holder_crash_frees_the_lock_within_lease_plus_retry_delay() {
         });
         rt.block_on(async {
             assert!(
-                eventually(Duration::from_secs(5), || client.waiting(&key) == 1).await,
+                eventually(Duration::from_secs(5), || client.waiting_here(&key) == 1).await,
                 "run {run}: the waiter never waited"
             );
         });
@@ -917,7 +918,13 @@ fn redis_restart_while_held_renews_or_reports_lost() {
             _ => RedisServer::start(),
         };
         let proxy = Proxy::for_server(&server);
-        let client = rt.block_on(LockClient::connect(&proxy.url())).unwrap();
+        let client = rt
+            .block_on(
+                LockClient::builder()
+                    .wait(Duration::ZERO)
+                    .connect(&proxy.url()),
+            )
+            .unwrap();
         let guards: Vec<_> = rt.block_on(async {
             let mut v = Vec::new();
             for i in 0..20 {
@@ -989,6 +996,7 @@ fn redlock_minority_failed_acquires_leave_no_keys() {
     let client = rt
         .block_on(
             LockClient::builder()
+                .wait(Duration::ZERO) // tries once unless a request says otherwise
                 .lease(lease)
                 .op_timeout(Duration::from_millis(200))
                 .redlock(&urls),
@@ -1077,6 +1085,7 @@ fn failed_acquires_leave_no_keys() {
     let client = rt
         .block_on(
             LockClient::builder()
+                .wait(Duration::ZERO) // tries once unless a request says otherwise
                 .op_timeout(op_timeout)
                 .lease(lease)
                 .connect(&proxy.url()),
@@ -1104,7 +1113,7 @@ fn failed_acquires_leave_no_keys() {
         n
     });
     assert_eq!(
-        client.waiting(&key),
+        client.waiting_here(&key),
         0,
         "timed-out waiters still registered"
     );
@@ -1235,6 +1244,7 @@ fn acquire_reply_slower_than_the_lease_is_not_a_held_lock() {
     let client = rt
         .block_on(
             LockClient::builder()
+                .wait(Duration::ZERO) // tries once unless a request says otherwise
                 .op_timeout(Duration::from_secs(3))
                 .connect(&proxy.url()),
         )
@@ -1564,7 +1574,7 @@ fn cancellation_fuzz() {
         .await;
         assert!(unsubscribed, "subscriptions left: {:?}", server.cmd::<Vec<String>>(&["PUBSUB", "CHANNELS"]));
         for k in keys.iter() {
-            assert_eq!(client.waiting(&format!("fuzz:{k}")), 0, "waiters left on {k}");
+            assert_eq!(client.waiting_here(&format!("fuzz:{k}")), 0, "waiters left on {k}");
         }
         // Quiet period: two short leases, and a renewal interval of the long.
         server.reset_stats();

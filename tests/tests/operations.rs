@@ -187,7 +187,11 @@ async fn a_forced_release_sent_again_leaves_the_waiter_it_served() {
         let (c, key) = (clients[1].clone(), key.clone());
         tokio::spawn(async move { c.lock(&key).wait(Duration::from_secs(30)).await })
     };
-    assert!(eventually(Duration::from_secs(10), || clients[1].waiting(&key) == 1).await);
+    assert!(
+        eventually(Duration::from_secs(10), || clients[1].waiting_here(&key)
+            == 1)
+        .await
+    );
     proxy.lose_reply_to(&release_sha());
     assert!(operator.force_release(&key).await.unwrap());
     assert_eq!(proxy.stats().replies_lost, 1, "no reply was lost");

@@ -62,7 +62,7 @@ async fn a_writer_giving_up_lets_the_readers_behind_it_in() {
         clients.push(patient().connect(&server.url()).await.unwrap());
     }
     rw::a_writer_giving_up_lets_the_readers_behind_it_in(&clients).await;
-    let memory = patient().memory();
+    let memory = patient().memory().unwrap();
     rw::a_writer_giving_up_lets_the_readers_behind_it_in(&[memory.clone(), memory]).await;
 }
 

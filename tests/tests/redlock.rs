@@ -176,7 +176,7 @@ async fn minority_killed_while_held_stays_held_and_renewed() {
         let ttl: i64 = n.cmd(&["PTTL", &hash(&key)]);
         assert!(ttl > 0, "not renewed on a live node (pttl {ttl})");
     }
-    let err = other.lock(&key).await.unwrap_err();
+    let err = other.lock(&key).wait(Duration::ZERO).await.unwrap_err();
     assert!(matches!(err, LockError::Timeout { .. }), "{err:?}");
     guard.release().await.expect("still held at release");
     for n in &nodes[..3] {
@@ -208,7 +208,7 @@ async fn a_release_wakes_a_waiter_listening_on_a_node_without_the_lock() {
     let _: i64 = nodes[0].cmd(&["DEL", &hash(&key)]);
     let (w, k) = (waiting.clone(), key.clone());
     let waiter = tokio::spawn(async move { w.lock(&k).wait(Duration::from_secs(20)).await });
-    assert!(tests::eventually(Duration::from_secs(5), || waiting.waiting(&key) == 1).await);
+    assert!(tests::eventually(Duration::from_secs(5), || waiting.waiting_here(&key) == 1).await);
     for n in &nodes {
         n.reset_stats();
     }

@@ -14,20 +14,24 @@ use crate::key::LockName;
 impl MemoryBackend {
     pub(crate) async fn inspect(&self, name: &LockName) -> Result<Seen, Fault> {
         let now = Instant::now();
-        let mut state = self.state.lock().unwrap();
-        let (holders, ttl) = match state.live(&name.hash, now) {
-            Some(Lock::Written { owner, expires }) => {
-                (vec![owner.to_string()], Some(*expires - now))
-            }
-            Some(Lock::Read(readers)) => {
+        let mut state = self.shared.state.lock().unwrap();
+        let (holders, ttl, fence) = match state.live(&name.hash, now) {
+            Some(Lock::Written {
+                owner,
+                expires,
+                fence,
+            }) => (vec![owner.to_string()], Some(*expires - now), Some(*fence)),
+            Some(Lock::Read { readers, fence }) => {
                 // Longest lease last, as Redis lists them.
                 let mut readers: Vec<_> = readers.iter().map(|(o, ends)| (*ends, o)).collect();
                 readers.sort();
                 let ttl = readers.last().map(|(ends, _)| *ends - now);
                 let holders = readers.into_iter().map(|(_, o)| o.to_string()).collect();
-                (holders, ttl)
+                (holders, ttl, Some(*fence))
             }
-            None => (Vec::new(), None),
+            // (Tokens come from one counter for the whole backend: a free
+            // key keeps none of its own.)
+            None => (Vec::new(), None, None),
         };
         let waiters = state
             .queues
@@ -37,7 +41,7 @@ impl MemoryBackend {
             holders,
             ttl,
             waiters,
-            fence: state.fences.get(&name.hash).copied(),
+            fence,
         })
     }
 
@@ -47,7 +51,7 @@ impl MemoryBackend {
         let mut removed = Vec::new();
         for holder in self.inspect(name).await?.holders {
             let owner: Arc<str> = holder.as_str().into();
-            if self.release_now(name, &owner) == Released::Freed {
+            if self.shared.release_now(name, &owner) == Released::Freed {
                 removed.push(holder);
             }
         }
@@ -56,7 +60,7 @@ impl MemoryBackend {
 
     /// The names of held or awaited locks that match `pattern`.
     pub(crate) async fn scan(&self, pattern: &str) -> Result<Vec<String>, Fault> {
-        let state = self.state.lock().unwrap();
+        let state = self.shared.state.lock().unwrap();
         Ok(state
             .locks
             .keys()
