@@ -394,10 +394,11 @@ enum Nemesis {
     /// other client stay fast.
     SlowSpell,
     /// An acquire's reply is lost, and the connection that sends it again
-    /// gets its replies 1.1-1.7 s late: past the client's orphan-grant
-    /// timer (`ORPHAN_AFTER`, 1 s), within the re-send's operation
-    /// timeout, while every other connection, subscriptions included,
-    /// stays fast.
+    /// is slow: its requests reach Redis 0.2-0.6 s late (a release may hand
+    /// the lock over meanwhile), its replies come 1.1-1.25 s after that,
+    /// past the client's orphan-grant timer (`ORPHAN_AFTER`, 1 s) and
+    /// within the re-send's operation timeout; every other connection,
+    /// subscriptions included, stays fast.
     ReplyPastOrphan,
     /// The transport sends a lock command (acquire, release, renewal) again,
     /// 0.1-1 s after the first, on a connection of its own.
@@ -514,11 +515,11 @@ impl Scenario<'_> {
             }
             Nemesis::ReplyPastOrphan => {
                 let p = self.some_proxy();
-                let ms = fastrand::u64(1100..1700);
+                let ms = fastrand::u64(1100..1250);
                 let lost = p.replies_lost();
                 p.lose_reply_to_then_slow(
                     &tests::reply_loss::acquire_sha(),
-                    Duration::ZERO,
+                    rand_ms(200, 600),
                     Duration::from_millis(ms),
                 );
                 // Recorded once the reply was lost (an acquire may take a
