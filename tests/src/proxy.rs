@@ -18,6 +18,8 @@
 //! it is. [`Proxy::lose_reply_to`] arms a one-shot reply loss: the next
 //! command matching a pattern runs on Redis, but its reply is thrown away
 //! and the connection closed, so the client cannot know the outcome.
+//! [`Proxy::lose_replies`] does the same to a random share of the commands
+//! matching a pattern, until turned off.
 //!
 //! Faults on one connection while the others stay fast:
 //! [`Proxy::slow_connection_of`] makes the connection that sends the next
@@ -89,6 +91,9 @@ struct Shared {
     lose: Mutex<Option<Vec<u8>>>,
     /// What happens once the armed loss fires.
     then: Mutex<Option<Then>>,
+    /// Replies lost at random: to requests containing the pattern, this
+    /// share of them.
+    lose_share: Mutex<Option<(Vec<u8>, f64)>>,
     lost: AtomicU64,
     /// Faults leave subscription connections alone.
     spare_pubsub: AtomicBool,
@@ -175,6 +180,14 @@ impl Shared {
         hit
     }
 
+    /// Whether `chunk` draws a random reply loss.
+    fn draws_loss(&self, chunk: &[u8]) -> bool {
+        let share = self.lose_share.lock().unwrap();
+        share
+            .as_ref()
+            .is_some_and(|(p, f)| matches(chunk, p) && fastrand::f64() < *f)
+    }
+
     /// The extra delays (requests, replies) if `chunk` fires the armed
     /// slow connection; disarms it if so.
     fn take_slow(&self, chunk: &[u8]) -> Option<(Duration, Duration)> {
@@ -229,6 +242,7 @@ impl Proxy {
             dropped: AtomicU64::new(0),
             lose: Mutex::new(None),
             then: Mutex::new(None),
+            lose_share: Mutex::new(None),
             lost: AtomicU64::new(0),
             spare_pubsub: AtomicBool::new(false),
             slow: Mutex::new(None),
@@ -329,6 +343,17 @@ impl Proxy {
     pub fn lose_reply_to_then_slow(&self, pattern: &[u8], to_redis: Duration, to_client: Duration) {
         *self.shared.then.lock().unwrap() = Some(Then::Slow(pattern.to_vec(), to_redis, to_client));
         self.lose_reply_to(pattern);
+    }
+
+    /// From now on, each request containing `pattern` (empty: any) loses
+    /// its reply with probability `share`, as
+    /// [`lose_reply_to`](Self::lose_reply_to) says: the command runs on
+    /// Redis, its reply is thrown away and the connection closed. Spared
+    /// subscription connections (see [`spare_pubsub`](Self::spare_pubsub))
+    /// keep their replies. A share of 0 turns this off. An armed one-shot
+    /// loss and its follow-up are not disturbed.
+    pub fn lose_replies(&self, pattern: &[u8], share: f64) {
+        *self.shared.lose_share.lock().unwrap() = (share > 0.0).then(|| (pattern.to_vec(), share));
     }
 
     /// Disarm without firing.
@@ -496,6 +521,9 @@ const LOSS_SENT: u8 = 2;
 struct Conn {
     poisoned: AtomicBool,
     loss: AtomicU8,
+    /// The pending loss is the armed one (not a random one): its
+    /// follow-up ([`Then`]) happens when it fires.
+    armed_loss: AtomicBool,
     /// Notified when a reply was lost: the connection closes at once.
     closed: Notify,
     /// This connection sent a `SUBSCRIBE`.
@@ -509,11 +537,17 @@ struct Conn {
 
 impl Conn {
     /// Whether `chunk`, about to be forwarded to Redis, fires the armed
-    /// reply loss; one pending loss per connection at most.
+    /// reply loss or draws a random one; one pending loss per connection at
+    /// most.
     fn fires(&self, shared: &Shared, chunk: &[u8]) -> bool {
-        if self.loss.load(Ordering::SeqCst) != LOSS_NONE || !shared.take_loss(chunk) {
+        if self.loss.load(Ordering::SeqCst) != LOSS_NONE {
             return false;
         }
+        let armed = shared.take_loss(chunk);
+        if !armed && (self.spared(shared) || !shared.draws_loss(chunk)) {
+            return false;
+        }
+        self.armed_loss.store(armed, Ordering::SeqCst);
         self.loss.store(LOSS_QUEUED, Ordering::SeqCst);
         true
     }
@@ -562,6 +596,7 @@ async fn serve(client: TcpStream, upstream: u16, shared: Arc<Shared>) {
     let conn = Arc::new(Conn {
         poisoned: AtomicBool::new(false),
         loss: AtomicU8::new(LOSS_NONE),
+        armed_loss: AtomicBool::new(false),
         closed: Notify::new(),
         pubsub: AtomicBool::new(false),
         slow_spell: AtomicU64::new(u64::MAX),
@@ -664,7 +699,12 @@ async fn pipe(
                 // Redis answered the matching request: lose the answer and
                 // hang up both ways.
                 shared.lost.fetch_add(1, Ordering::Relaxed);
-                match shared.then.lock().unwrap().take() {
+                let then = if conn.armed_loss.load(Ordering::SeqCst) {
+                    shared.then.lock().unwrap().take()
+                } else {
+                    None
+                };
+                match then {
                     Some(Then::Mode(next)) => {
                         shared.mode.send_replace(next);
                     }
@@ -965,5 +1005,50 @@ mod tests {
         let msg = pubsub.get_message().expect("the subscription was cut");
         assert_eq!(msg.get_payload::<String>().unwrap(), "hello");
         p.set(Mode::Pass);
+    }
+
+    #[test]
+    fn replies_lost_at_random_ran_and_spare_subscriptions() {
+        let server = crate::RedisServer::start();
+        let p = Proxy::for_server(&server);
+        p.spare_pubsub();
+        // Every INCR (share 1): it runs, its reply is lost; other commands
+        // pass.
+        p.lose_replies(b"INCR", 1.0);
+        for i in 1..=3 {
+            let mut c = redis_conn(&p);
+            assert!(incr(&mut c, "k").is_err(), "a reply got through");
+            assert_eq!(server.cmd::<i64>(&["GET", "k"]), i, "INCR did not run");
+            let v: Option<String> = redis::cmd("GET")
+                .arg("k")
+                .query(&mut redis_conn(&p))
+                .unwrap();
+            assert_eq!(v.as_deref(), Some(i.to_string().as_str()));
+        }
+        assert_eq!(p.replies_lost(), 3);
+        // A subscription that matches is spared.
+        p.lose_replies(b"SUBSCRIBE", 1.0);
+        let client = redis::Client::open(p.url()).unwrap();
+        let mut sub = client
+            .get_connection_with_timeout(Duration::from_secs(5))
+            .unwrap();
+        let mut pubsub = sub.as_pubsub();
+        pubsub.subscribe("chan").unwrap();
+        pubsub
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let _: i64 = server.cmd(&["PUBLISH", "chan", "hello"]);
+        let msg = pubsub.get_message().expect("the subscription lost a reply");
+        assert_eq!(msg.get_payload::<String>().unwrap(), "hello");
+        // Turned off: INCR answers again, and an armed one-shot loss still
+        // fires once, with its follow-up.
+        p.lose_replies(b"INCR", 0.0);
+        let mut c = redis_conn(&p);
+        assert_eq!(incr(&mut c, "k").unwrap(), 4);
+        p.lose_reply_to_then(b"INCR", Mode::Refuse);
+        assert!(incr(&mut c, "k").is_err());
+        assert_eq!(p.mode(), Mode::Refuse);
+        p.set(Mode::Pass);
+        assert_eq!(p.replies_lost(), 4);
     }
 }
