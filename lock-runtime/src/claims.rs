@@ -175,8 +175,13 @@ pub(crate) fn granted(name: LockName, owner: &str, grant: Grant) {
         m.put(grant);
         return;
     }
-    if claims.settled.lock().unwrap().remove(owner).is_some() {
-        return;
+    {
+        let mut settled = claims.settled.lock().unwrap();
+        let now = Instant::now();
+        settled.retain(|_, at| now.duration_since(*at) < SETTLED_FOR);
+        if settled.remove(owner).is_some() {
+            return;
+        }
     }
     (claims.on_orphan)(name, owner.into());
 }

@@ -306,6 +306,24 @@ impl LockRequest {
         // The lock was seen held by another: a wait that runs out is a
         // `Timeout`, whatever failed last.
         let seen_busy = AtomicBool::new(false);
+        // A server that refuses every connection cannot be reached: the
+        // call ends within two operation timeouts (one for a call that
+        // tries once), however long its wait. One that takes commands but
+        // answers slowly or not at all is tried until the deadline, and no
+        // attempt sent before it answered runs past the deadline.
+        let unreachable_end = deadline
+            .min(started + 2 * cfg.op_timeout)
+            .max(started + cfg.op_timeout);
+        let attempt_end = deadline.max(started + cfg.op_timeout);
+        // An attempt reached the server (it may have run there).
+        let mut reached = false;
+        let give_up_at = |reached: bool| {
+            if reached || seen_busy.load(Ordering::Relaxed) {
+                deadline
+            } else {
+                deadline.min(unreachable_end)
+            }
+        };
         let gave_up = |e: Fault, key: &str| -> LockError {
             if seen_busy.load(Ordering::Relaxed) {
                 tracing::debug!(key = %key, error = %e, "lock busy; giving up (the last attempt failed)");
@@ -328,6 +346,15 @@ impl LockRequest {
                 stay: (!left.is_zero())
                     .then(|| left.min(cfg.retry_delay) + cfg.retry_jitter + 2 * cfg.op_timeout),
                 rejoin: queued_once,
+                // No answer from the server yet: this attempt ends by the
+                // call's deadline (a call that tries once: after one
+                // operation timeout), or sooner while the server refuses
+                // connections.
+                by: (!seen_busy.load(Ordering::Relaxed)).then_some(if reached {
+                    attempt_end
+                } else {
+                    unreachable_end
+                }),
             };
             // Sent from this task: if it is dropped before the answer,
             // `unsure` takes the attempt back.
@@ -373,6 +400,7 @@ impl LockRequest {
                     ttl
                 }
                 Ok(Attempt::Late(e)) => {
+                    reached = true;
                     // Being taken back under this owner id: go on with a new
                     // one, which that release cannot touch.
                     unsure.pending = false;
@@ -380,7 +408,7 @@ impl LockRequest {
                     claim = client.inner.claims.open(&owner);
                     unsure.owner = owner.clone();
                     failures += 1;
-                    pause_or_give_up(&client, failures, deadline, e)
+                    pause_or_give_up(&client, failures, give_up_at(reached), e)
                         .await
                         .map_err(|e| gave_up(e, &key))?;
                     continue;
@@ -390,9 +418,11 @@ impl LockRequest {
                     // answered `Repeated` if it did, and if this request ends
                     // first, `unsure` takes it back.
                     queued_once |= may_queue;
+                    // (Refused now: down now, whatever an earlier attempt met.)
+                    reached = e.may_have_run();
                     failures += 1;
                     tracing::debug!(key = %key, error = %e, "lock attempt failed; trying again");
-                    pause_or_give_up(&client, failures, deadline, e)
+                    pause_or_give_up(&client, failures, give_up_at(reached), e)
                         .await
                         .map_err(|e| gave_up(e, &key))?;
                     continue;
@@ -520,7 +550,7 @@ impl LockRequest {
                     claim = client.inner.claims.open(&owner);
                     unsure.owner = owner.clone();
                     failures += 1;
-                    pause_or_give_up(&client, failures, deadline, e)
+                    pause_or_give_up(&client, failures, give_up_at(reached), e)
                         .await
                         .map_err(|e| gave_up(e, &key))?;
                 }

@@ -595,7 +595,24 @@ fn run(mut s: Scenario<'_>, plan: Plan, workers: usize) -> Report {
     }
     let started = Instant::now();
     let mut i = 0;
-    while (s.fleet.acquired.load(Ordering::Relaxed) < plan.target || i < plan.schedule.len())
+    // Every kind of fault in the schedule fires at least once (one that
+    // found no command to act on is tried again), within the limit.
+    let kinds = {
+        let mut k: Vec<_> = plan.schedule.iter().map(std::mem::discriminant).collect();
+        k.sort_by_key(|d| format!("{d:?}"));
+        k.dedup();
+        k.len()
+    };
+    let fired = |s: &Scenario<'_>| {
+        let faults = s.fleet.faults.lock().unwrap();
+        let mut labels: Vec<&str> = faults.iter().filter_map(|f| f.kind.label()).collect();
+        labels.sort_unstable();
+        labels.dedup();
+        labels.len()
+    };
+    while (s.fleet.acquired.load(Ordering::Relaxed) < plan.target
+        || i < plan.schedule.len()
+        || fired(&s) < kinds)
         && started.elapsed() < plan.limit
     {
         // Let the clients work between faults.

@@ -63,6 +63,9 @@ pub(crate) struct Queue {
     /// An earlier attempt of this owner may have queued it: a grant taken
     /// directly must leave the queue too.
     pub(crate) rejoin: bool,
+    /// The request has had no answer from the server yet (it may be
+    /// unreachable): this attempt ends by then, whatever it costs.
+    pub(crate) by: Option<tokio::time::Instant>,
 }
 
 /// Outcome of one release.

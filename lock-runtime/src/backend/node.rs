@@ -276,14 +276,32 @@ impl RedisNode {
     /// unanswered on a connection that died under it (cut while idle, the
     /// close not yet seen), and the other half is left for a send on the
     /// connection that replaces it.
-    async fn retrying<T, F, Fut>(&self, mut op: F) -> Result<T, Fault>
+    async fn retrying<T, F, Fut>(&self, op: F) -> Result<T, Fault>
     where
         F: FnMut(Duration) -> Fut,
         Fut: std::future::Future<Output = Result<T, Fault>>,
     {
-        let budget = self.settings.op_timeout;
-        let deadline = tokio::time::Instant::now() + budget;
-        let mut limit = budget / 2;
+        self.retrying_by(None, op).await
+    }
+
+    /// [`retrying`](Self::retrying), ending by `by` if that comes first
+    /// (a request whose server has not answered yet ends by its deadline).
+    async fn retrying_by<T, F, Fut>(
+        &self,
+        by: Option<tokio::time::Instant>,
+        mut op: F,
+    ) -> Result<T, Fault>
+    where
+        F: FnMut(Duration) -> Fut,
+        Fut: std::future::Future<Output = Result<T, Fault>>,
+    {
+        let now = tokio::time::Instant::now();
+        let mut deadline = now + self.settings.op_timeout;
+        if let Some(by) = by {
+            deadline = deadline.min(by.max(now + MIN_SEND));
+        }
+        let budget = deadline - now;
+        let mut limit = (self.settings.op_timeout / 2).min(budget);
         let mut pause = RETRY_PAUSE;
         loop {
             let out = op(limit).await;
@@ -351,7 +369,7 @@ impl RedisNode {
         ];
         let sent = std::sync::atomic::AtomicBool::new(false);
         let reply: Vec<i64> = self
-            .retrying(|limit| {
+            .retrying_by(queue.by, |limit| {
                 // Sent again after a send that may have run and queued this
                 // owner: if this one takes the lock, it leaves the queue.
                 let again = sent.swap(true, std::sync::atomic::Ordering::Relaxed);

@@ -229,8 +229,15 @@ impl Shared {
         // counters are behind it all hand out the same token and the fence
         // needs no raising round trip; each node's own clock would differ.
         let floor = clock_floor();
+        let mut limit = self.node_timeout(lease);
+        if let Some(by) = queue.by {
+            limit = limit.min(
+                by.saturating_duration_since(started)
+                    .max(Duration::from_millis(5)),
+            );
+        }
         let answers = self
-            .all(self.node_timeout(lease), |s| async move {
+            .all(limit, |s| async move {
                 s.node()
                     .await?
                     .acquire(name, owner, lease, Some(floor), queue)

@@ -273,8 +273,19 @@ impl Shared {
         F: Fn(Arc<Primary>) -> Fut,
         Fut: std::future::Future<Output = Result<T, Fault>>,
     {
+        self.on_primary_by(None, op).await
+    }
+
+    /// [`on_primary`](Self::on_primary), with no second try once `by` has
+    /// passed.
+    async fn on_primary_by<T, F, Fut>(&self, by: Option<Instant>, op: F) -> Result<T, Fault>
+    where
+        F: Fn(Arc<Primary>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, Fault>>,
+    {
         let (first, started) = (self.current(), Instant::now());
         match op(first.clone()).await {
+            Err(e) if by.is_some_and(|by| Instant::now() >= by) => Err(e),
             Err(e) if may_have_moved(&e) => match self.after_failure(&first, started).await {
                 Some(next) => op(next).await,
                 None => Err(e),
@@ -290,7 +301,7 @@ impl Shared {
         lease: Duration,
         queue: Queue,
     ) -> Result<Acquired, Fault> {
-        self.on_primary(|p| async move {
+        self.on_primary_by(queue.by, |p| async move {
             let Some((replicas, wait)) = self.acks else {
                 return p.node.acquire(name, owner, lease, None, queue).await;
             };
@@ -360,13 +371,20 @@ impl SentinelBackend {
     /// their undo follows them there, so that it reaches Redis after the
     /// acquire it takes back, however slow that one is.
     pub(crate) async fn undo(&self, name: &LockName, owner: &Arc<str>) -> Result<Released, Fault> {
-        let first = self.shared.current();
+        let (first, started) = (self.shared.current(), Instant::now());
         let Some(acks) = first.acks_node.as_ref() else {
             return self.release(name, owner).await;
         };
         match acks.release(name, owner, Wake::IfReleased).await {
-            // A failover since: the new primary has whatever survived.
-            Err(e) if may_have_moved(&e) => self.release(name, owner).await,
+            // Only a new primary is asked on another connection (it has
+            // whatever survived the failover); on the same primary, the
+            // main connection could overtake the acquire still on this one.
+            Err(e) if may_have_moved(&e) => {
+                match self.shared.after_failure(&first, started).await {
+                    Some(next) => next.node.release(name, owner, Wake::IfReleased).await,
+                    None => Err(e),
+                }
+            }
             other => other,
         }
     }
