@@ -18,6 +18,8 @@
 -- queued behind it ('w' on Redlock), or "<owner> <mark> <from>" after a
 -- hand-off from the owner <from> ('-': no mark), so that a release knows
 -- whom to serve without reading anything else.
+-- A hold released with min_hold left is renamed "<owner>!" (keep.lua) and
+-- lapses there; it is busy to everyone, its owner included.
 -- A reader's owner id is "<client id>:r<n>". Readers share the lock, which
 -- then holds "~r" (plus mark and from as above) and lives as long as its
 -- longest reader; each reader's own lease is its entry in KEYS[5]. Once a
