@@ -187,6 +187,7 @@ mod response;
 mod run;
 mod scope;
 mod scripts;
+mod slots;
 mod spans;
 mod wakeups;
 mod watchdog;

@@ -64,6 +64,8 @@ pub struct LockRequest {
     pub(crate) on_lost: OnLost,
     min_hold: Option<Duration>,
     max_hold: Option<Duration>,
+    /// Hand out a fencing token (the default).
+    fence: bool,
     /// What metrics and spans call this lock: the attribute's key template,
     /// or the name given by hand.
     label: &'static str,
@@ -81,6 +83,7 @@ impl LockRequest {
             on_lost: OnLost::default(),
             min_hold: None,
             max_hold: None,
+            fence: true,
             label: "manual",
         }
     }
@@ -138,6 +141,31 @@ impl LockRequest {
     /// forever. Must be at least the lease and `min_hold`.
     pub fn max_hold(mut self, max_hold: Duration) -> Self {
         self.max_hold = Some(max_hold);
+        self
+    }
+
+    /// Whether the lock hands out a fencing token (default `true`).
+    ///
+    /// `fence(false)` is for work whose store cannot check tokens: no token
+    /// is issued or stored, and the lock costs Redis what a bare
+    /// `SET … NX PX` lock costs (an uncontended acquire is that very
+    /// command, and its release one native compare-and-delete where the
+    /// server has one). Owner-checked release, reentry, the watchdog and
+    /// the FIFO hand-off stay. [`LockGuard::fence`] is then 0, which no
+    /// fenced acquisition ever hands out, and inside such a body
+    /// [`current_fence`](crate::current_fence) is `None`.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), lock_runtime::LockError> {
+    /// let client = lock_runtime::LockClient::memory();
+    /// let guard = client.lock("cart:7").fence(false).await?;
+    /// assert_eq!(guard.fence(), 0);
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn fence(mut self, fence: bool) -> Self {
+        self.fence = fence;
         self
     }
 
@@ -218,6 +246,7 @@ impl LockRequest {
                 on_lost: self.on_lost,
                 min_hold: self.min_hold,
                 max_hold: self.max_hold,
+                fence: self.fence,
                 label: self.label,
             };
             match one.acquire_in_span().await {
@@ -247,6 +276,7 @@ impl LockRequest {
             wait,
             min_hold,
             max_hold,
+            fence,
             label,
             ..
         } = self;
@@ -271,6 +301,7 @@ impl LockRequest {
             min_hold,
             max_hold,
             label,
+            contended: false,
         };
         let scope = scope::current();
         if let Some(guard) = reenter(&client, &scope, &name, lease, read)? {
@@ -346,6 +377,7 @@ impl LockRequest {
                 stay: (!left.is_zero())
                     .then(|| left.min(cfg.retry_delay) + cfg.retry_jitter + 2 * cfg.op_timeout),
                 rejoin: queued_once,
+                fence,
                 // No answer from the server yet: this attempt ends by the
                 // call's deadline (a call that tries once: after one
                 // operation timeout), or sooner while the server refuses
@@ -535,7 +567,13 @@ impl LockRequest {
                 &client,
                 name.clone(),
                 owner.clone(),
-                (lease, bounds),
+                (
+                    lease,
+                    Bounds {
+                        contended: true,
+                        ..bounds
+                    },
+                ),
                 grant.fence,
                 from,
                 scope.clone(),
@@ -588,6 +626,10 @@ async fn attempt(
 ) -> Result<Attempt, Fault> {
     let inner = &client.inner;
     let sent_at = Instant::now();
+    let bounds = Bounds {
+        contended: queue.rejoin,
+        ..bounds
+    };
     let fut = inner.backend.acquire(name, owner, lease, queue);
     match inner.io.here(fut).await? {
         Acquired::Busy { ttl, queued } => Ok(Attempt::Busy { ttl, queued }),
@@ -611,6 +653,8 @@ struct Bounds {
     min_hold: Option<Duration>,
     max_hold: Option<Duration>,
     label: &'static str,
+    /// Taken after queuing (or handed over): someone may wait behind it.
+    contended: bool,
 }
 
 /// Turn a grant into a guard, unless it came back too late to be one.
@@ -661,6 +705,7 @@ fn granted(
         }),
         acquired_at: granted_at,
         label: bounds.label,
+        contended: bounds.contended,
     };
     Attempt::Held(LockGuard::fresh(hold, scope))
 }
