@@ -58,7 +58,7 @@ impl LockName {
     }
 
     /// The key prefix this name was made with.
-    fn prefix(&self) -> &str {
+    pub(crate) fn prefix(&self) -> &str {
         &self.hash[..self.hash.len() - self.key.len() - 2]
     }
 

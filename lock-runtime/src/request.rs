@@ -322,6 +322,7 @@ impl LockRequest {
         // A huge wait means "as long as it takes".
         let deadline = started.checked_add(wait).unwrap_or(started + MAX_LEASE);
         let mut unsure = Unsure {
+            from: client.caller_runtime(),
             client: client.clone(),
             name: name.clone(),
             owner: owner.clone(),
@@ -814,6 +815,9 @@ async fn pause_or_give_up(
 /// attempt settles it (granted, or busy), the lock it may have taken is
 /// released — also when the request future is dropped.
 struct Unsure {
+    /// The runtime whose connection the attempts go over: the undo follows
+    /// them there.
+    from: Option<tokio::runtime::Id>,
     client: LockClient,
     name: LockName,
     owner: Arc<str>,
@@ -825,7 +829,7 @@ impl Drop for Unsure {
     fn drop(&mut self) {
         if self.pending {
             self.client
-                .undo_in_background(self.name.clone(), self.owner.clone());
+                .undo_sent_from(self.from, self.name.clone(), self.owner.clone());
         }
     }
 }

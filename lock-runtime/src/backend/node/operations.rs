@@ -146,7 +146,8 @@ impl RedisNode {
                 .arg(SCAN_COUNT);
             let (next, found): (String, Vec<String>) = match at {
                 None => {
-                    self.retrying(|limit| self.query(Query::Cmd(cmd.clone()), &what, limit))
+                    let cmd = Query::Cmd(cmd.clone());
+                    self.retrying(|limit| self.query(&cmd, &what, limit))
                         .await?
                 }
                 #[cfg(feature = "cluster")]
