@@ -15,8 +15,12 @@ use crate::{LockClientBuilder, LockError};
 /// A handle to one lock service: a Redis deployment or this process.
 ///
 /// Cheap to clone (an `Arc`); clones share connections and one watchdog.
-/// The client runs its connections on a small I/O thread of its own, so it
-/// can be made in one tokio runtime and used from another.
+/// It can be made in one tokio runtime and used from another: what
+/// outlives a caller (the watchdog, background releases) runs on a small
+/// I/O thread of the client's own, while a caller's commands go over a
+/// connection its own runtime drives. Per Redis server that is at most one
+/// connection per live runtime that used the client, plus the I/O
+/// thread's, plus one for subscriptions (see `docs/DEPLOYMENTS.md`).
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), lock_runtime::LockError> {
