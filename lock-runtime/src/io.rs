@@ -326,6 +326,32 @@ impl<F: Future> Future for Here<'_, F> {
     }
 }
 
+/// `fut` polled with `handle`'s runtime entered: a connection it opens
+/// registers with that runtime, and what it spawns (a connection's driver,
+/// a reconnect) runs there.
+pub(crate) fn in_runtime<F: Future>(handle: &Handle, fut: F) -> InRuntime<'_, F> {
+    InRuntime { handle, fut }
+}
+
+pin_project_lite::pin_project! {
+    /// See [`in_runtime`].
+    pub(crate) struct InRuntime<'a, F> {
+        handle: &'a Handle,
+        #[pin]
+        fut: F,
+    }
+}
+
+impl<F: Future> Future for InRuntime<'_, F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        let _rt = this.handle.enter();
+        this.fut.poll(cx)
+    }
+}
+
 pin_project_lite::pin_project! {
     /// A future polled with a [`Route`] in place.
     struct Routed<F> {

@@ -252,3 +252,78 @@ fn without_client_kill_the_undo_of_a_gone_runtime_is_sent_again() {
         server.cmd::<i64>(&["PTTL", &hash(&key)])
     );
 }
+
+/// Subscribers of a grant channel, as Redis counts them.
+fn listeners(server: &RedisServer, channel: &str) -> i64 {
+    let reply: (String, i64) = server.cmd(&["PUBSUB", "NUMSUB", channel]);
+    reply.1
+}
+
+/// Two runtimes' tasks wait for one lock; the first one's runtime
+/// subscribed the client to the lock's grants, over its own connection.
+/// That runtime shuts down, and its subscription goes with it: the other
+/// waiter must subscribe again on its own and be handed the lock by the
+/// next release, not at its fallback retry (30 s here).
+#[test]
+fn a_waiter_whose_subscription_went_with_another_runtime_subscribes_again() {
+    let server = RedisServer::start();
+    let main = current_thread();
+    let client = main
+        .block_on(
+            LockClient::builder()
+                .retry_delay(Duration::from_secs(30))
+                .connect(&server.url()),
+        )
+        .unwrap();
+    let key = unique("moved");
+    let channel = format!("{}:granted:{}", hash(&key), client.id());
+    let held = main.block_on(client.lock(&key).into_future()).unwrap();
+
+    // The first waiter, in a runtime that then stops running it.
+    let first = current_thread();
+    first.block_on(async {
+        let (c, k) = (client.clone(), key.clone());
+        tokio::spawn(async move {
+            let _ = c.lock(k).wait(Duration::from_secs(60)).into_future().await;
+        });
+        assert!(
+            eventually(Duration::from_secs(5), || listeners(&server, &channel) == 1).await,
+            "the first waiter never subscribed"
+        );
+    });
+    // The second, in a runtime of its own: it listens on that subscription.
+    let second = multi_thread();
+    let (c, k) = (client.clone(), key.clone());
+    let waiter =
+        second.spawn(async move { c.lock(k).wait(Duration::from_secs(60)).into_future().await });
+    assert!(
+        settles(Duration::from_secs(5), || client.waiting_here(&key) == 2),
+        "the second waiter never waited"
+    );
+    assert_eq!(
+        listeners(&server, &channel),
+        1,
+        "one subscription per client and lock"
+    );
+
+    drop(first);
+    assert!(
+        settles(Duration::from_secs(5), || listeners(&server, &channel) == 1
+            && client.waiting_here(&key) == 1),
+        "the second waiter did not subscribe again: {} listeners, {} waiting",
+        listeners(&server, &channel),
+        client.waiting_here(&key)
+    );
+    let released = Instant::now();
+    main.block_on(held.release()).unwrap();
+    let got = second
+        .block_on(async { tokio::time::timeout(Duration::from_secs(10), waiter).await })
+        .expect("the second waiter was not handed the lock within 10 s")
+        .unwrap()
+        .expect("the second waiter's lock");
+    assert!(
+        released.elapsed() < Duration::from_secs(10),
+        "handed over by its fallback retry, not the release"
+    );
+    second.block_on(got.release()).unwrap();
+}

@@ -171,6 +171,7 @@ impl Inner {
             &self.wakeups,
             &self.gate,
             channel,
+            0,
             self.settings.op_timeout,
             what,
             conn.ssubscribe(&**channel),
@@ -186,6 +187,7 @@ impl Inner {
             &self.wakeups,
             &self.gate,
             &channel,
+            0,
             self.settings.op_timeout,
             conn.sunsubscribe(&*channel),
         )

@@ -22,16 +22,15 @@
 //! then does an undo go over another connection.
 
 use std::collections::HashMap;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
 use redis::AsyncConnectionConfig;
 use tokio::runtime::{Handle, Id};
 use tokio::sync::{oneshot, OnceCell};
+
+use crate::io;
 
 /// How long a runtime that went away is remembered: the undo of an attempt
 /// it sent looks for its connections there.
@@ -133,12 +132,9 @@ impl Runtimes {
             }));
         }
         // Boxed: once per runtime (and reconnect), and deep.
-        let opened = Box::pin(cell.get_or_try_init(|| Entered {
-            handle: caller,
-            fut: self.open(),
-        }))
-        .await
-        .map(|c| c.conn.clone());
+        let opened = Box::pin(cell.get_or_try_init(|| io::in_runtime(caller, self.open())))
+            .await
+            .map(|c| c.conn.clone());
         Some(opened.map(|conn| Picked { local, cell, conn }))
     }
 
@@ -280,26 +276,6 @@ impl Drop for Watch {
         if let Some(local) = self.0.upgrade() {
             local.gone();
         }
-    }
-}
-
-pin_project_lite::pin_project! {
-    /// `fut` polled with `handle`'s runtime entered: the connection it
-    /// opens registers with that runtime, and its driver is spawned there.
-    struct Entered<'a, F> {
-        handle: &'a Handle,
-        #[pin]
-        fut: F,
-    }
-}
-
-impl<F: Future> Future for Entered<'_, F> {
-    type Output = F::Output;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        let this = self.project();
-        let _rt = this.handle.enter();
-        this.fut.poll(cx)
     }
 }
 
