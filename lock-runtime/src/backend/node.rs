@@ -11,7 +11,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use redis::aio::{
     ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
@@ -46,6 +46,23 @@ const MAX_RETRY_PAUSE: Duration = Duration::from_millis(200);
 
 /// The least time worth giving a send.
 const MIN_SEND: Duration = Duration::from_millis(20);
+
+/// How long a send may wait for its answer: until `until`, which is `of`
+/// after it was set. Made once per request; retries get what is left.
+#[derive(Debug, Clone, Copy)]
+struct Limit {
+    until: tokio::time::Instant,
+    of: Duration,
+}
+
+impl Limit {
+    fn from_now(of: Duration) -> Limit {
+        Limit {
+            until: tokio::time::Instant::now() + of,
+            of,
+        }
+    }
+}
 
 /// Faults after which the same command is sent again, while the operation
 /// timeout lasts: the connection broke (it is being re-established), the
@@ -138,12 +155,14 @@ impl Link for MultiplexedConnection {
     }
 }
 
+/// Boxed (inside `redis`): the manager's own future is large, and every
+/// lock operation's future would carry it inline.
 impl Link for ConnectionManager {
     fn packed<'a>(
         &'a mut self,
         cmd: &'a Cmd,
     ) -> impl Future<Output = RedisResult<Value>> + Send + 'a {
-        self.send_packed_command(cmd)
+        self.req_packed_command(cmd)
     }
 }
 
@@ -318,8 +337,8 @@ impl RedisNode {
         cmd: Cmd,
         what: &str,
     ) -> Result<T, Fault> {
-        self.query(&Query::Cmd(cmd), what, self.settings.op_timeout)
-            .await
+        let limit = Limit::from_now(self.settings.op_timeout);
+        self.query(&Query::Cmd(cmd), what, limit).await
     }
 
     async fn load_scripts(&self) -> Result<(), Fault> {
@@ -330,7 +349,7 @@ impl RedisNode {
         self.query::<Vec<String>>(
             &Query::Pipe(pipe),
             "loading lock scripts",
-            self.settings.op_timeout,
+            Limit::from_now(self.settings.op_timeout),
         )
         .await?;
         Ok(())
@@ -342,14 +361,14 @@ impl RedisNode {
         &self,
         q: &Query,
         what: &str,
-        limit: Duration,
+        limit: Limit,
     ) -> Result<T, Fault> {
-        match tokio::time::timeout(limit, self.send(q)).await {
+        match tokio::time::timeout_at(limit.until, self.send(q)).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(Fault::redis(format!("{what} on Redis at {}", self.addr), e)),
             Err(_) => Err(Fault::timed_out(
                 format!("{what} on Redis at {}", self.addr),
-                limit,
+                limit.of,
             )),
         }
     }
@@ -514,7 +533,7 @@ impl RedisNode {
     /// connection that replaces it.
     async fn retrying<T, F, Fut>(&self, op: F) -> Result<T, Fault>
     where
-        F: FnMut(Duration) -> Fut,
+        F: FnMut(Limit) -> Fut,
         Fut: std::future::Future<Output = Result<T, Fault>>,
     {
         self.retrying_by(None, op).await
@@ -530,7 +549,7 @@ impl RedisNode {
         mut op: F,
     ) -> Result<T, Fault>
     where
-        F: FnMut(Duration) -> Fut,
+        F: FnMut(Limit) -> Fut,
         Fut: std::future::Future<Output = Result<T, Fault>>,
     {
         let now = tokio::time::Instant::now();
@@ -538,8 +557,11 @@ impl RedisNode {
         if let Some(by) = by {
             deadline = deadline.min(by.max(now + MIN_SEND));
         }
-        let budget = deadline - now;
-        let mut limit = (self.settings.op_timeout / 2).min(budget);
+        let first = (self.settings.op_timeout / 2).min(deadline - now);
+        let mut limit = Limit {
+            until: now + first,
+            of: first,
+        };
         let mut pause = RETRY_PAUSE;
         loop {
             let out = op(limit).await;
@@ -553,7 +575,10 @@ impl RedisNode {
             tracing::debug!(error = %e, "Redis command failed; sending it again");
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(MAX_RETRY_PAUSE);
-            limit = deadline.saturating_duration_since(tokio::time::Instant::now());
+            limit = Limit {
+                until: deadline,
+                of: deadline.saturating_duration_since(tokio::time::Instant::now()),
+            };
         }
     }
 
@@ -565,14 +590,13 @@ impl RedisNode {
         sha: &Query,
         keys: &[&str],
         args: &[Arg<'_>],
-        limit: Duration,
+        limit: Limit,
     ) -> Result<T, Fault> {
         let what = script.name;
-        let sent = Instant::now();
         match self.query(sha, what, limit).await {
+            // Within what is left of the same limit.
             Err(Fault::Redis { source, .. }) if scripts::is_noscript(&source) => {
-                let left = limit.saturating_sub(sent.elapsed());
-                self.query(&Query::Cmd(script.eval(keys, args)), what, left)
+                self.query(&Query::Cmd(script.eval(keys, args)), what, limit)
                     .await
             }
             other => other,
@@ -893,7 +917,7 @@ impl RedisNode {
         match self.retrying(|limit| self.renew_once(batch, limit)).await {
             Err(Fault::Redis { source, .. }) if scripts::is_noscript(&source) => {
                 match self.load_scripts().await {
-                    Ok(()) => self.renew_once(batch, op).await,
+                    Ok(()) => self.renew_once(batch, Limit::from_now(op)).await,
                     Err(e) => Err(e),
                 }
             }
@@ -926,7 +950,7 @@ impl RedisNode {
         }
     }
 
-    async fn renew_once(&self, batch: &[Renewal], limit: Duration) -> Result<Vec<Renewed>, Fault> {
+    async fn renew_once(&self, batch: &[Renewal], limit: Limit) -> Result<Vec<Renewed>, Fault> {
         // One EVALSHA per lease and chunk: a client's locks mostly share a
         // lease, and all share the front of their owner ids, which then
         // travel once per call instead of once per lock. Each owner id is

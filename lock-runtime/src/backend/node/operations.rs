@@ -106,10 +106,13 @@ impl RedisNode {
                 let mut conn = conn.clone();
                 let all = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
                 async move {
-                    tokio::time::timeout(limit, conn.route_command(redis::cmd("PING"), all))
-                        .await
-                        .map_err(|_| Fault::timed_out(what, limit))?
-                        .map_err(|e| Fault::redis(what, e))
+                    tokio::time::timeout_at(
+                        limit.until,
+                        conn.route_command(redis::cmd("PING"), all),
+                    )
+                    .await
+                    .map_err(|_| Fault::timed_out(what, limit.of))?
+                    .map_err(|e| Fault::redis(what, e))
                 }
             })
             .await?;
@@ -192,9 +195,9 @@ impl RedisNode {
                 });
                 let cmd = cmd.clone();
                 async move {
-                    tokio::time::timeout(limit, conn.route_command(cmd, node))
+                    tokio::time::timeout_at(limit.until, conn.route_command(cmd, node))
                         .await
-                        .map_err(|_| Fault::timed_out(what, limit))?
+                        .map_err(|_| Fault::timed_out(what, limit.of))?
                         .map_err(|e| Fault::redis(what, e))
                 }
             })
