@@ -1,0 +1,8 @@
+//! The lock protocol, model-checked: the project's real Lua scripts run in
+//! an embedded Lua 5.1 over a model keyspace, the clients make the
+//! runtime's decisions, and a hostile network reorders, loses and repeats
+//! what they send. See `README.md` for what is checked and within which
+//! bounds.
+
+pub mod host;
+pub mod keyspace;
