@@ -4,5 +4,10 @@
 //! what they send. See `README.md` for what is checked and within which
 //! bounds.
 
+pub mod check;
+pub mod decide;
+pub mod defects;
 pub mod host;
 pub mod keyspace;
+pub mod properties;
+pub mod world;
