@@ -10,4 +10,5 @@ pub mod defects;
 pub mod host;
 pub mod keyspace;
 pub mod properties;
+pub mod scenarios;
 pub mod world;
