@@ -77,14 +77,9 @@ pub fn render(w: &World, path: Vec<(State, Option<Action>)>) -> String {
     let mut out = String::new();
     let mut prev: Option<String> = None;
     for (i, (state, action)) in path.iter().enumerate() {
-        let now = describe(w, state);
+        let now = describe(state);
         if let Some(a) = action {
-            let _ = writeln!(
-                out,
-                "{i:>3}. t={:<5} {}",
-                state.now,
-                show_action(w, state, a)
-            );
+            let _ = writeln!(out, "{i:>3}. t={:<5} {}", state.now, show_action(state, a));
         }
         if prev.as_deref() != Some(now.as_str()) && action.is_none() {
             let _ = writeln!(out, "     {now}");
@@ -92,7 +87,7 @@ pub fn render(w: &World, path: Vec<(State, Option<Action>)>) -> String {
         prev = Some(now);
     }
     if let Some((last, _)) = path.last() {
-        let _ = writeln!(out, "   end: {}", describe(w, last));
+        let _ = writeln!(out, "   end: {}", describe(last));
         if let Some(v) = &last.ghost.violation {
             let _ = writeln!(out, "   => {v}");
         }
@@ -105,7 +100,7 @@ pub fn render(w: &World, path: Vec<(State, Option<Action>)>) -> String {
     out
 }
 
-fn show_action(w: &World, s: &State, a: &Action) -> String {
+fn show_action(s: &State, a: &Action) -> String {
     match a {
         Action::Serve {
             client,
@@ -132,15 +127,12 @@ fn show_action(w: &World, s: &State, a: &Action) -> String {
                 s.clients[*client as usize].sub_in.first()
             )
         }
-        other => {
-            let _ = w;
-            format!("{other:?}")
-        }
+        other => format!("{other:?}"),
     }
 }
 
 /// One line: the keyspace's lock keys and who thinks it holds what.
-pub fn describe(w: &World, s: &State) -> String {
+pub fn describe(s: &State) -> String {
     let mut out = String::new();
     for (k, e) in &s.ks.keys {
         let v = match &e.data {
@@ -172,6 +164,5 @@ pub fn describe(w: &World, s: &State) -> String {
             .collect();
         let _ = write!(out, "; c{c} {phases:?}");
     }
-    let _ = w;
     out
 }

@@ -351,7 +351,7 @@ impl Keyspace {
                 })
             }
             "HSET" => {
-                if a.len() < 3 || a.len() % 2 == 0 {
+                if a.len() < 3 || a.len().is_multiple_of(2) {
                     return err(ARITY);
                 }
                 let h = match self.hash_mut(&a[0], now, true) {
@@ -786,7 +786,7 @@ impl Keyspace {
         if nx && xx {
             return err("ERR XX and NX options at the same time are not compatible");
         }
-        if (gt && nx) || (lt && nx) || (gt && lt) {
+        if ((gt || lt) && nx) || (gt && lt) {
             return err("ERR GT, LT, and/or NX options at the same time are not compatible");
         }
         if incr && pairs.len() > 2 {

@@ -246,18 +246,13 @@ pub fn left_behind(w: &World, s: &State) -> Option<String> {
         }
         let n = names(k);
         let crashed = |o: &str| parse(o).is_some_and(|(c, _)| s.ghost.crashed.contains(&c));
-        let entries: Vec<String> = match (s.ks.get(&n[2], now), s.ks.get(&n[3], now)) {
-            (q, h) => {
-                let mut v = Vec::new();
-                if let Some(Data::List(l)) = q {
-                    v.extend(l.iter().cloned());
-                }
-                if let Some(Data::Hash(h)) = h {
-                    v.extend(h.keys().cloned());
-                }
-                v
-            }
-        };
+        let mut entries: Vec<String> = Vec::new();
+        if let Some(Data::List(l)) = s.ks.get(&n[2], now) {
+            entries.extend(l.iter().cloned());
+        }
+        if let Some(Data::Hash(h)) = s.ks.get(&n[3], now) {
+            entries.extend(h.keys().cloned());
+        }
         if let Some(o) = entries.iter().find(|o| !crashed(o)) {
             return Some(format!(
                 "{o} is still queued for key {k}, its request long over"

@@ -285,6 +285,8 @@ pub struct Req {
     pub acq: Acquiring,
     /// Registered in the wakeups (a mailbox under `owner`).
     pub waiter: bool,
+    /// Once held: when its lease started (`Hold::acquired_at`).
+    pub held_from: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -843,6 +845,7 @@ impl World {
                 sending: None,
             },
         );
+        cl.reqs[r as usize].held_from = from;
         cl.reqs[r as usize].phase = Phase::Held {
             fence,
             from,
@@ -1203,19 +1206,13 @@ impl World {
     fn cancel(&self, s: &mut State, c: u8, r: u8) {
         let phase = s.clients[c as usize].reqs[r as usize].phase.clone();
         if let Phase::Releasing(op) = phase {
-            // `Unfinished::drop`: the release goes on in the background.
+            // `Unfinished::drop`: the release (or keep) goes on in the
+            // background.
             s.clients[c as usize].ops.remove(&op);
             let p = self.plan(c, r).clone();
-            let owner = s.clients[c as usize].reqs[r as usize].owner;
-            let from = s.clients[c as usize].reqs[r as usize].acq.sent_at;
-            let _ = from;
-            self.send(
-                s,
-                c,
-                MAIN,
-                Cmd::Release { key: p.key, owner },
-                Task::Background,
-            );
+            let req = &s.clients[c as usize].reqs[r as usize];
+            let (owner, from) = (req.owner, req.held_from);
+            self.end_in_background(s, c, p.key, owner, from, p.min_hold);
             s.clients[c as usize].reqs[r as usize].phase = Phase::Done(Outcome::Released);
             return;
         }
@@ -1304,6 +1301,7 @@ impl World {
                                 ttl: None,
                             },
                             waiter: false,
+                            held_from: 0,
                         })
                         .collect(),
                     next_owner: 0,
