@@ -259,15 +259,68 @@ impl Builder {
                 })?;
                 once(&mut self.krate, &meta, "crate", path)
             }
-            _ => Err(syn::Error::new_spanned(
-                &meta.path,
-                format!(
-                    "unknown option `{}`; valid options: {OPTIONS}",
-                    path_text(&meta.path)
-                ),
-            )),
+            _ => {
+                let given = path_text(&meta.path);
+                let hint = suggestion(&given)
+                    .map(|(name, why)| format!("did you mean `{name}`{why}? "))
+                    .unwrap_or_default();
+                Err(syn::Error::new_spanned(
+                    &meta.path,
+                    format!("unknown option `{given}`; {hint}valid options: {OPTIONS}"),
+                ))
+            }
         }
     }
+}
+
+/// The option a user probably meant: names other lock libraries use for
+/// it, else one a typo away.
+fn suggestion(given: &str) -> Option<(&'static str, &'static str)> {
+    let lower = given.to_ascii_lowercase();
+    let known: &[(&str, &str, &str)] = &[
+        ("ttl", "lease", " (the lock's TTL in Redis)"),
+        ("expire", "lease", " (the lock's TTL in Redis)"),
+        ("expiry", "lease", " (the lock's TTL in Redis)"),
+        ("lease_time", "lease", " (the lock's TTL in Redis)"),
+        ("lock_at_most_for", "max_hold", ""),
+        ("lock_at_least_for", "min_hold", ""),
+        ("timeout", "wait", " (how long to wait for a busy lock)"),
+        ("wait_time", "wait", " (how long to wait for a busy lock)"),
+        (
+            "acquire_timeout",
+            "wait",
+            " (how long to wait for a busy lock)",
+        ),
+        ("name", "key", ""),
+        ("skip", "on_busy", " = \"skip\""),
+        ("shared", "mode", " = \"read\""),
+        ("read", "mode", " = \"read\""),
+    ];
+    if let Some((_, name, why)) = known.iter().find(|(alias, _, _)| *alias == lower) {
+        return Some((name, why));
+    }
+    OPTIONS
+        .split(", ")
+        .map(|name| (distance(&lower, name), name))
+        .filter(|(d, name)| *d <= 2 && *d < name.len())
+        .min()
+        .map(|(_, name)| (name, ""))
+}
+
+/// Edit distance (insertions, deletions, substitutions).
+fn distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
 }
 
 fn path_text(p: &Path) -> String {
@@ -324,6 +377,10 @@ mod tests {
         assert!(e(quote!(key = "k", lease = "10us")).contains("1 ms"));
         assert!(e(quote!(key = "k", on_lost = "retry")).contains("\"abort\""));
         assert!(e(quote!(key = "k", ttl = "1s")).contains("valid options: key, keys, mode, lease"));
+        assert!(e(quote!(key = "k", ttl = "1s")).contains("did you mean `lease`"));
+        assert!(e(quote!(key = "k", wiat = "1s")).contains("did you mean `wait`"));
+        assert!(e(quote!(key = "k", timeout = "1s")).contains("did you mean `wait`"));
+        assert!(!e(quote!(key = "k", zzz = "1s")).contains("did you mean"));
         assert!(e(quote!(key = "k", on_busy = "wait")).contains("\"skip\""));
         assert!(e(quote!(key = "k", mode = "shared")).contains("\"read\""));
         assert!(e(quote!(key = "k", mode = "read", mode = "write")).contains("twice"));

@@ -26,14 +26,11 @@ pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
             "`#[distributed_lock]` needs an `async fn`: the lock is awaited; write `async fn`",
         ));
     }
+    // Whether the return type can carry a lock error is checked by the
+    // type system (`LockResult` in the expansion), so aliases such as
+    // `type ApiResult<T> = Result<T, ApiError>` work.
     let ret = match &sig.output {
-        ReturnType::Type(_, ty) if is_result(ty) => ty,
-        ReturnType::Type(_, ty) => {
-            return Err(syn::Error::new_spanned(
-                ty,
-                "a `#[distributed_lock]` fn must return `Result<T, E>` with `E: From<lock_runtime::LockError>`, so a busy or lost lock can be reported",
-            ))
-        }
+        ReturnType::Type(_, ty) => ty,
         ReturnType::Default => {
             return Err(syn::Error::new_spanned(
                 &sig.ident,
@@ -83,7 +80,12 @@ pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
         None => quote!(),
     };
     let lease = millis("lease", args.lease);
-    let wait = millis("wait", args.wait);
+    // `on_busy = "skip"` without a `wait` tries once: a job that another
+    // instance runs now is skipped, not waited for.
+    let wait = match (args.wait, args.skip_if_busy) {
+        (None, true) => millis("wait", Some(std::time::Duration::ZERO)),
+        (wait, _) => millis("wait", wait),
+    };
     let min_hold = millis("min_hold", args.min_hold);
     let max_hold = millis("max_hold", args.max_hold);
     let on_lost = if args.on_lost_continue {
@@ -108,22 +110,26 @@ pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
         ident("__lock_err"),
     );
     let block = &func.block;
-    // `on_busy = "skip"`: busy is `Ok(T::default())`, checked on `T`.
+    // `on_busy = "skip"`: busy is `Ok(T::default())`, checked on `T`
+    // where it can be named (so the error points at it), else through the
+    // return type (an alias).
     let (run, outcome) = if args.skip_if_busy {
-        let ok_ty = ok_type(ret).ok_or_else(|| {
-            syn::Error::new_spanned(
-                ret,
-                "`on_busy = \"skip\"` returns `Ok(T::default())`: write the return type as `Result<T, E>` so `T` can be named",
-            )
-        })?;
-        let default = quote_spanned! {ok_ty.span()=>
-            <#ok_ty as ::core::default::Default>::default()
+        let skipped = match ok_type(ret).filter(|_| is_result(ret)) {
+            Some(ok_ty) => {
+                let default = quote_spanned! {ok_ty.span()=>
+                    <#ok_ty as ::core::default::Default>::default()
+                };
+                quote!(::core::result::Result::Ok(#default))
+            }
+            None => quote_spanned! {ret.span()=>
+                <#ret_ty as #krate::__private::SkipResult>::skipped()
+            },
         };
         (
             quote!(run_or_skip),
             quote! {
                 ::core::result::Result::Ok(::core::option::Option::Some(#out)) => #out,
-                ::core::result::Result::Ok(::core::option::Option::None) => ::core::result::Result::Ok(#default),
+                ::core::result::Result::Ok(::core::option::Option::None) => #skipped,
             },
         )
     } else {

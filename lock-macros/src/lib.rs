@@ -21,7 +21,7 @@ mod key_template;
 /// - `lease`: Redis TTL, renewed every lease/3 while the body runs. Default:
 ///   the client's (30 s).
 /// - `wait`: how long to wait for a busy lock before `Err(Timeout)`; `"0s"`
-///   tries once. Default: the client's (0 s).
+///   tries once. Default: the client's (5 s); with `on_busy = "skip"`, 0 s.
 /// - `on_lost`: `"abort"` (default) drops the body and returns `Err(Lost)`
 ///   when the lock is lost; `"continue"` lets it finish and logs the loss.
 /// - `on_busy`: `"error"` (default) returns `Err(Timeout)` when the lock is
@@ -34,7 +34,7 @@ mod key_template;
 /// - `crate`: path of the runtime crate if it is renamed.
 ///
 /// The fn must be `async` and return `Result<T, E>` with
-/// `E: From<LockError>`. Nested annotated calls in the same task on a held
+/// `E: From<LockError>` (an alias of one works too). Nested annotated calls in the same task on a held
 /// key re-enter; the lock is released on every exit.
 #[proc_macro_attribute]
 pub fn distributed_lock(args: TokenStream, item: TokenStream) -> TokenStream {

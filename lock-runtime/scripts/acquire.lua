@@ -11,11 +11,15 @@
 --         read-held lock, which holds back new readers, lapses after <ms>
 --         unless the writer asks again); else how many ms to stay queued,
 --         after which a release skips this waiter
--- ARGV[5] '1' if an earlier send of this owner may have queued it
+-- ARGV[5] '1' if an earlier send of this owner may have queued it (a
+--         queuing attempt is checked whatever this says: a transport may
+--         send it twice unawares)
 -- The lock holds "<owner>", or "<owner> <mark>" with mark 'q' once someone
 -- queued behind it ('w' on Redlock), or "<owner> <mark> <from>" after a
 -- hand-off from the owner <from> ('-': no mark), so that a release knows
 -- whom to serve without reading anything else.
+-- A hold released with min_hold left is renamed "<owner>!" (keep.lua) and
+-- lapses there; it is busy to everyone, its owner included.
 -- A reader's owner id is "<client id>:r<n>". Readers share the lock, which
 -- then holds "~r" (plus mark and from as above) and lives as long as its
 -- longest reader; each reader's own lease is its entry in KEYS[5]. Once a
@@ -30,39 +34,57 @@ local owner = ARGV[1]
 local function above(a, b)
   return #a > #b or (#a == #b and a > b)
 end
+-- The server's clock, read once per call and only when needed.
+local t
+local function time()
+  if not t then
+    t = redis.call('time')
+  end
+  return t
+end
 local function clock_us()
-  local t = redis.call('time')
+  local t = time()
   return t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
 end
 local reader = string.find(owner, ':r', 1, true) ~= nil
 local function now_ms()
-  local t = redis.call('time')
+  local t = time()
   -- Milliseconds have 13 digits: exact as Lua numbers and in concatenation.
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
+-- Whether an earlier send of this attempt may have queued this owner: the
+-- client says so, or this attempt queues if busy (then the same attempt
+-- may have been sent before, by a transport that repeats commands).
+local may_be_queued = ARGV[5] == '1' or ARGV[4] ~= ''
 -- A grant taken directly by a waiter that an earlier send may have queued:
 -- it leaves the queue, and if others still wait, this lock's release
 -- serves them.
 local function left_queue(value)
-  if ARGV[5] == '1' and redis.call('hdel', KEYS[4], owner) == 1 then
+  if may_be_queued and redis.call('hdel', KEYS[4], owner) == 1 then
     redis.call('lrem', KEYS[3], 1, owner)
     if redis.call('llen', KEYS[3]) > 0 then
       redis.call('set', KEYS[1], value .. ' q', 'KEEPTTL')
     end
   end
 end
--- A reader takes no token of its own: it gets the current one (a counter
--- never written yet starts at the floor).
-local function current_token()
+-- A reader takes no token of its own: it gets the current one, which every
+-- reader of one read hold shares. The first reader of a hold (`fresh`)
+-- floors it at the clock as a writer's token is (a counter that lost
+-- increments, say to a failover, must not hand a reader a token below an
+-- earlier writer's); a raised floor is written, so that the readers after
+-- it share it and the next writer's token is above it.
+local function current_token(fresh)
   local token = redis.call('get', KEYS[2])
-  if not token then
-    token = ARGV[3]
-    if token == '' then
-      token = clock_us()
-    end
-    redis.call('set', KEYS[2], token)
-  elseif not string.match(token, '^%d+$') then
+  if token and not string.match(token, '^%d+$') then
     return nil
+  end
+  local floor = ARGV[3]
+  if floor == '' then
+    floor = clock_us()
+  end
+  if not token or (fresh and above(floor, token)) then
+    token = floor
+    redis.call('set', KEYS[2], token)
   end
   return token
 end
@@ -106,7 +128,7 @@ end
 if reader then
   local cur = redis.pcall('get', KEYS[1])
   if cur == false then
-    local token = current_token()
+    local token = current_token(true)
     if not token then
       return not_a_counter()
     end
@@ -126,7 +148,7 @@ if reader then
     local ends = redis.call('zscore', KEYS[5], owner)
     local mine = ends ~= false and tonumber(ends) > now_ms()
     if mine or (not writer_marked(mark) and (mark ~= 'q' or not writer_waits())) then
-      local token = current_token()
+      local token = current_token(false)
       if not token then
         return not_a_counter()
       end
@@ -134,7 +156,7 @@ if reader then
       if mine then
         return {2, token}
       end
-      if ARGV[5] == '1' and redis.call('hdel', KEYS[4], owner) == 1 then
+      if may_be_queued and redis.call('hdel', KEYS[4], owner) == 1 then
         redis.call('lrem', KEYS[3], 1, owner)
       end
       return {1, token}

@@ -11,6 +11,10 @@
 -- ARGV[5] Redlock wake-ups: 'r' when this deletes a marked lock, 'a' also
 --         when the lock is absent (a waiter may listen on a node where this
 --         owner's lock never landed), 'n' never (taking back a partial grant)
+-- ARGV[6] '1' for a forced release (an operator's, run as the holder): it
+--         hands on as any release does, but does not record ARGV[1] as
+--         <from>, so that the holder's own later release finds the lock
+--         lost instead of taking itself for a re-send of this one
 -- A reader (owner id "<client id>:r<n>") leaves the readers; the last one
 -- out releases the lock as a writer would. A writer's release hands the
 -- lock to a queued writer, or to the queued readers up to the next writer,
@@ -43,6 +47,12 @@ if type(cur) ~= 'string' then
   return -1
 end
 local holder, mark, from = string.match(cur, '^(%S+) ?(%S*) ?(%S*)$')
+-- What a hand-off writes after the new holder and mark: the releasing
+-- owner as <from>; nothing for a forced release (ARGV[6]).
+local by = ' ' .. owner
+if ARGV[6] == '1' then
+  by = ''
+end
 -- The server's clock, read once and only when needed (an uncontended
 -- writer's release does not). Milliseconds (13 digits) are exact as Lua
 -- numbers; microseconds (16 digits, tokens) stay decimal strings.
@@ -89,7 +99,8 @@ local function told(head)
   end
   local given
   if is_reader(head) then
-    -- Readers get the current token.
+    -- Readers get the current token: the releasing writer's, or above it
+    -- (a counter that vanished restarts at the clock).
     if last == '' then
       last = clock_us
       redis.call('set', KEYS[2], last)
@@ -131,7 +142,7 @@ local function serve(joining)
     end
     if told(head) then
       if not is_reader(head) then
-        redis.call('set', KEYS[1], head .. ' ' .. rest() .. ' ' .. owner, 'PX', lease)
+        redis.call('set', KEYS[1], head .. ' ' .. rest() .. by, 'PX', lease)
         redis.call('set', KEYS[2], token)
         return true
       end
@@ -150,7 +161,7 @@ local function serve(joining)
     end
   end
   if served then
-    local tail = ' ' .. owner
+    local tail = by
     if joining then
       tail = from ~= '' and ' ' .. from or ''
     end
@@ -167,7 +178,7 @@ if reader then
   local ends = holder == '~r' and redis.call('zscore', KEYS[5], owner)
   if not ends then
     withdraw()
-    if from == owner then
+    if from == owner and ARGV[6] ~= '1' then
       -- This release ran before and handed the lock over.
       return 1
     end
@@ -198,7 +209,7 @@ if reader then
     redis.call('del', KEYS[5])
   end
 elseif holder ~= owner then
-  if from == owner then
+  if from == owner and ARGV[6] ~= '1' then
     -- This release ran before and handed the lock over.
     return 1
   end
@@ -213,7 +224,10 @@ if mark == 'q' and serve(false) then
   return done
 end
 redis.call('del', unpack(gone))
-if string.sub(mark, 1, 1) == 'w' and ARGV[5] ~= 'n' then
+-- Redlock: a waiter listens on one node, which its busy attempt may not
+-- have marked (that answer was lost): every release that frees the lock
+-- there wakes it.
+if (string.sub(mark, 1, 1) == 'w' and ARGV[5] ~= 'n') or ARGV[5] == 'a' then
   redis.call('publish', ARGV[4], '')
 end
 return done

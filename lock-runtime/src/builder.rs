@@ -6,7 +6,7 @@ use tokio::runtime::Handle;
 #[cfg(feature = "cluster")]
 use crate::backend::cluster;
 use crate::backend::fault::Fault;
-use crate::backend::memory::MemoryBackend;
+use crate::backend::memory::{MemoryBackend, MemoryControl};
 use crate::backend::node::NodeSettings;
 use crate::backend::redis::RedisBackend;
 use crate::backend::redlock::RedlockBackend;
@@ -42,8 +42,12 @@ impl LockClientBuilder {
         self
     }
 
-    /// How long to wait for a busy lock when a lock does not say. Default 0
-    /// (try once).
+    /// How long to wait for a busy lock when a lock does not say. Default
+    /// 5 s: a handler queues briefly behind the request that holds its key
+    /// rather than failing at once. `Duration::ZERO` tries once.
+    /// (`on_busy = "skip"`, [`LockRequest::try_acquire`](crate::LockRequest::try_acquire)
+    /// and [`run_or_skip`](crate::LockRequest::run_or_skip) try once unless
+    /// given a `wait` of their own.)
     pub fn wait(mut self, wait: Duration) -> Self {
         self.config.wait = wait;
         self
@@ -243,15 +247,67 @@ impl LockClientBuilder {
         .await
     }
 
-    /// Locks in this process only.
+    /// Locks in this process only (see [`LockClient::memory`]), with these
+    /// settings; invalid ones (a zero lease or timeout, a Redis-only
+    /// option) are [`LockError::Config`].
     ///
-    /// # Panics
-    /// If the settings are invalid (zero lease or timeouts), or the OS
-    /// refuses to start a thread.
-    pub fn memory(self) -> LockClient {
-        let config = self.checked().unwrap_or_else(|e| panic!("{e}"));
-        let io = Io::start().unwrap_or_else(|e| panic!("{e}"));
-        LockClient::from_parts(config, Backend::Memory(MemoryBackend::new()), io)
+    /// ```
+    /// # fn main() -> Result<(), lock_runtime::LockError> {
+    /// use std::time::Duration;
+    /// let client = lock_runtime::LockClient::builder()
+    ///     .wait(Duration::from_secs(1))
+    ///     .memory()?;
+    /// assert!(lock_runtime::LockClient::builder().lease(Duration::ZERO).memory().is_err());
+    /// # Ok(()) }
+    /// ```
+    pub fn memory(self) -> Result<LockClient, LockError> {
+        Ok(self.memory_with_control()?.0)
+    }
+
+    /// [`memory`](Self::memory), and the test hooks of its backend (see
+    /// [`LockClient::memory_with_control`]).
+    pub fn memory_with_control(self) -> Result<(LockClient, MemoryControl), LockError> {
+        Ok(memory(self.without_acks("memory")?))
+    }
+}
+
+/// An in-memory client; its background work runs on the caller's runtime.
+fn memory(config: Config) -> (LockClient, MemoryControl) {
+    let backend = MemoryBackend::new(config.op_timeout);
+    let control = backend.control(config.prefix.clone());
+    crate::metrics::describe();
+    let client = LockClient::from_parts(config, Backend::Memory(backend), Io::caller());
+    (client, control)
+}
+
+impl LockClient {
+    /// An in-memory client (see [`LockClient::memory`]) and its test hooks:
+    /// [`MemoryControl::expire`] ends a hold as if its lease ran out, and
+    /// [`MemoryControl::fail_next`] makes the next calls fail as a cut
+    /// connection does, so a test can exercise its `on_lost` path and its
+    /// retries. Time is tokio's: under `#[tokio::test(start_paused =
+    /// true)]` a 20 s wait or a 10 min hold passes in no real time.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use lock_runtime::{LockClient, LockError};
+    ///
+    /// // Paused: the renewal that finds the loss comes in no real time.
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), LockError> {
+    /// let (client, control) = LockClient::memory_with_control();
+    /// // Two failed calls: retried within `op_timeout`, the lock is taken.
+    /// control.fail_next(2);
+    /// let guard = client.lock("order:42").await?;
+    /// // The hold ends as if its lease ran out: the holder learns at its
+    /// // next renewal.
+    /// assert!(control.expire("order:42"));
+    /// tokio::time::timeout(Duration::from_secs(30), guard.lost()).await.unwrap();
+    /// assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
+    /// # Ok(()) }
+    /// ```
+    pub fn memory_with_control() -> (LockClient, MemoryControl) {
+        memory(Config::default())
     }
 }
 
@@ -265,6 +321,7 @@ where
     Fut: Future<Output = Result<Backend, Fault>> + Send + 'static,
 {
     let io = Io::start()?;
+    crate::metrics::describe();
     let connecting = connect(&config, config.node_settings(), io.handle().clone());
     let backend = io
         .run(async move { connecting.await.map_err(LockError::from) })

@@ -1,15 +1,14 @@
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use crate::backend::endpoint::Access;
 use crate::backend::node::NodeSettings;
 use crate::backend::{Backend, Released};
+use crate::claims::{Claims, ORPHAN_AFTER};
 use crate::io::Io;
-use crate::key::client_of;
 use crate::key::LockName;
 use crate::request::LockRequest;
-use crate::wakeups::{Waiter, Wakeups, ORPHAN_AFTER};
+use crate::wakeups::Waiter;
 use crate::watchdog::Watchdog;
 use crate::{LockClientBuilder, LockError};
 
@@ -37,11 +36,13 @@ use crate::{LockClientBuilder, LockError};
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), lock_runtime::LockError> {
 /// use lock_runtime::{LockClient, LockError};
+/// use std::time::Duration;
 ///
 /// let client = LockClient::memory();
 /// let first = client.lock("order:42").await?;
-/// // Busy: a second holder gives up after `wait` (0 by default).
-/// assert!(matches!(client.lock("order:42").await, Err(LockError::Timeout { .. })));
+/// // Busy: a second holder gives up after its `wait` (5 s by default).
+/// let busy = client.lock("order:42").wait(Duration::ZERO).await;
+/// assert!(matches!(busy, Err(LockError::Timeout { .. })));
 /// let fence = first.fence();
 /// first.release().await?;
 /// let second = client.lock("order:42").await?;
@@ -59,47 +60,10 @@ pub(crate) struct Inner {
     pub(crate) backend: Arc<Backend>,
     pub(crate) config: Config,
     pub(crate) watchdog: Watchdog,
+    /// This client's requests under way, which grants are handed to.
+    pub(crate) claims: Arc<Claims>,
     /// Declared last: the I/O thread stops after everything above is gone.
     pub(crate) io: Io,
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        CLIENTS.lock().unwrap().remove(&self.id);
-    }
-}
-
-/// The clients of this process by id: a grant message names its client by
-/// id, and the client it names releases a grant nobody claimed.
-static CLIENTS: std::sync::LazyLock<Mutex<HashMap<Arc<str>, Weak<Inner>>>> =
-    std::sync::LazyLock::new(Mutex::default);
-
-/// A grant (on `channel`, for `owner`) that reached no waiter. It is kept
-/// for a waiter about to register; if none claims it within
-/// [`ORPHAN_AFTER`] and the owner's client does not hold the lock (an
-/// attempt of the owner found it handed over and took it), the client
-/// releases it, passing it on.
-pub(crate) fn unclaimed_grant(wakeups: Arc<Wakeups>, channel: &str, owner: Arc<str>) {
-    let Some(name) = LockName::of_grant_channel(channel) else {
-        return;
-    };
-    let Some(inner) = CLIENTS
-        .lock()
-        .unwrap()
-        .get(client_of(&owner))
-        .and_then(Weak::upgrade)
-    else {
-        return;
-    };
-    let client = LockClient { inner };
-    let io = client.inner.io.handle().clone();
-    io.spawn(async move {
-        tokio::time::sleep(ORPHAN_AFTER).await;
-        if wakeups.take_unclaimed(&owner) && !client.inner.watchdog.holds(&name.hash, &owner) {
-            tracing::debug!(key = %name.key, "a lock handed to a waiter that is gone; passing it on");
-            client.release_in_background(name, owner);
-        }
-    });
 }
 
 #[derive(Debug, Clone)]
@@ -122,7 +86,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             lease: Duration::from_secs(30),
-            wait: Duration::ZERO,
+            wait: Duration::from_secs(5),
             prefix: "lock:".into(),
             retry_delay: Duration::from_secs(1),
             retry_jitter: Duration::from_millis(50),
@@ -220,8 +184,11 @@ impl LockClient {
     /// A primary found through Redis Sentinel (`redis://host:26379` URLs of
     /// the sentinels) under `master_name`; failovers are followed.
     ///
-    /// The primary is reached at the address Sentinel reports, as
-    /// `redis://host:port` (no password or TLS on the data nodes yet). See
+    /// The primary is reached at the address Sentinel reports, the way the
+    /// sentinel URLs say: over TLS if they are `rediss://` (feature `tls`),
+    /// with their user, password and database;
+    /// [`LockClientBuilder::sentinel_auth`] is for the sentinels' own
+    /// credentials. See
     /// [`LockClientBuilder::replica_acks`] for locks that survive a failover.
     ///
     /// ```no_run
@@ -241,9 +208,12 @@ impl LockClient {
     }
 
     /// Locks held in this process only, with the same semantics as Redis.
-    /// For single-instance services and unit tests.
+    /// For single-instance services and unit tests. Time is tokio's, read
+    /// on the runtime that uses the client: under `tokio::time::pause()`
+    /// leases, waits and renewals follow `tokio::time::advance`. See
+    /// [`memory_with_control`](Self::memory_with_control) for test hooks.
     pub fn memory() -> LockClient {
-        Self::builder().memory()
+        Self::memory_with_control().0
     }
 
     /// Defaults (lease, wait, key prefix, retry timing) for a new client.
@@ -279,11 +249,13 @@ impl LockClient {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), lock_runtime::LockError> {
     /// use lock_runtime::{LockClient, LockError};
+    /// use std::time::Duration;
     ///
     /// let client = LockClient::memory();
     /// let a = client.read_lock("doc:7").await?;
     /// let b = client.read_lock("doc:7").await?; // readers share
-    /// assert!(matches!(client.write_lock("doc:7").await, Err(LockError::Timeout { .. })));
+    /// let writer = client.write_lock("doc:7").wait(Duration::ZERO).await;
+    /// assert!(matches!(writer, Err(LockError::Timeout { .. })));
     /// let read_token = a.fence();
     /// assert_eq!(b.fence(), read_token);
     /// a.release().await?;
@@ -344,26 +316,59 @@ impl LockClient {
         self.inner.watchdog.len()
     }
 
-    /// How many tasks of this client wait for `key` to be released.
-    pub fn waiting(&self, key: &str) -> usize {
+    /// How many tasks of this client (this process, through this client
+    /// and its clones) wait for `key` to be released. Waiters of other
+    /// clients are not counted.
+    pub fn waiting_here(&self, key: &str) -> usize {
         LockName::new(&self.inner.config.prefix, key).map_or(0, |n| self.inner.backend.waiting(&n))
+    }
+
+    /// [`waiting_here`](Self::waiting_here): this client's waiters only.
+    #[deprecated(note = "counts this client's waiters only: use `waiting_here`")]
+    pub fn waiting(&self, key: &str) -> usize {
+        self.waiting_here(key)
     }
 
     /// A client over a connected backend and the I/O thread its
     /// connections live on (the builder makes both).
     pub(crate) fn from_parts(config: Config, backend: Backend, io: Io) -> LockClient {
-        let inner = Arc::new(Inner {
-            id: uuid::Uuid::new_v4().simple().to_string().into(),
-            backend: Arc::new(backend),
-            config,
-            watchdog: Watchdog::new(),
-            io,
+        let id: Arc<str> = uuid::Uuid::new_v4().simple().to_string().into();
+        let inner = Arc::new_cyclic(|me: &Weak<Inner>| {
+            let me = me.clone();
+            Inner {
+                claims: Claims::register(
+                    &id,
+                    Box::new(move |name, owner| {
+                        if let Some(inner) = me.upgrade() {
+                            LockClient { inner }.release_orphan(name, owner);
+                        }
+                    }),
+                ),
+                id,
+                backend: Arc::new(backend),
+                config,
+                watchdog: Watchdog::new(),
+                io,
+            }
         });
-        CLIENTS
-            .lock()
-            .unwrap()
-            .insert(inner.id.clone(), Arc::downgrade(&inner));
         LockClient { inner }
+    }
+
+    /// A grant (on the lock `name`, for `owner`) that no request of this
+    /// client claims: `owner`'s request ended, and took its attempts back
+    /// (a release that failed, or an entry left by an attempt whose answer
+    /// was lost). Unless `owner` holds the lock (its attempt found the lock
+    /// handed over and took it), it is released after [`ORPHAN_AFTER`],
+    /// passing the lock on instead of leaving it to nobody for a lease.
+    fn release_orphan(&self, name: LockName, owner: Arc<str>) {
+        let client = self.clone();
+        self.inner.io.spawn(async move {
+            tokio::time::sleep(ORPHAN_AFTER).await;
+            if !client.inner.watchdog.holds(&name.hash, &owner) {
+                tracing::debug!(key = %name.key, "a lock handed to a waiter that is gone; passing it on");
+                client.release_in_background(name, owner);
+            }
+        });
     }
 
     /// Release `owner`'s lock on the I/O thread. The task keeps the client
@@ -382,6 +387,18 @@ impl LockClient {
                 Err(e) => {
                     tracing::warn!(key = %name.key, error = %e, "background release failed; the lock expires with its lease")
                 }
+            }
+            drop(client);
+        });
+    }
+
+    /// Take back, on the I/O thread, an attempt of `owner` whose outcome is
+    /// unknown (see [`Backend::undo`]).
+    pub(crate) fn undo_in_background(&self, name: LockName, owner: Arc<str>) {
+        let client = self.clone();
+        self.inner.io.spawn(async move {
+            if let Err(e) = client.inner.backend.undo(&name, &owner).await {
+                tracing::warn!(key = %name.key, error = %e, "taking back a lock attempt failed; what it took expires with its lease");
             }
             drop(client);
         });
@@ -440,7 +457,6 @@ impl LockClient {
 
     /// A timer on the client's own runtime, usable from any runtime.
     pub(crate) fn sleep(&self, d: Duration) -> tokio::time::Sleep {
-        let _rt = self.inner.io.handle().enter();
-        tokio::time::sleep(d)
+        self.inner.io.sleep(d)
     }
 }

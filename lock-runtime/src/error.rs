@@ -32,6 +32,17 @@ pub enum LockError {
         key: String,
     },
 
+    /// The hold reached its `max_hold`: renewals stopped on purpose, and
+    /// the body (under `on_lost = "abort"`) was stopped. Nothing failed in
+    /// Redis; the body ran longer than it was allowed to.
+    #[error("lock `{key}` was held for its max_hold of {max_hold:?}: renewals stopped and the hold ended (the body ran longer than allowed; raise `max_hold` or find what keeps it busy)")]
+    MaxHoldReached {
+        /// The user's key.
+        key: String,
+        /// The `max_hold` that was reached.
+        max_hold: Duration,
+    },
+
     /// A task holding the read lock on `key` asked for its write lock.
     /// Refused at once: waiting for the other readers to leave would
     /// deadlock with any of them doing the same. Take the write lock from

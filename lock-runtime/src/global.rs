@@ -1,8 +1,16 @@
+//! Which client annotated fns use: the innermost [`with_client`] scope of
+//! the task, else the one installed by [`init`].
+
+use std::future::Future;
 use std::sync::OnceLock;
 
 use crate::{LockClient, LockError};
 
 static GLOBAL: OnceLock<LockClient> = OnceLock::new();
+
+tokio::task_local! {
+    static SCOPED: LockClient;
+}
 
 /// Install the client that `#[distributed_lock]` functions use. Call once at
 /// start-up; a second call is `Err(AlreadyInitialized)`.
@@ -18,7 +26,41 @@ pub fn init(client: LockClient) -> Result<(), LockError> {
         .map_err(|_| LockError::AlreadyInitialized)
 }
 
-/// The client installed by [`init`], or `Err(NotInitialized)`.
+/// The client annotated fns use here: the innermost [`with_client`] scope
+/// this code runs in, else the one installed by [`init`], else
+/// `Err(NotInitialized)`.
 pub fn client() -> Result<LockClient, LockError> {
+    if let Ok(client) = SCOPED.try_with(LockClient::clone) {
+        return Ok(client);
+    }
     GLOBAL.get().cloned().ok_or(LockError::NotInitialized)
+}
+
+/// Run `fut` with `client` as the client of everything awaited inside it:
+/// annotated fns and [`client()`] there use it instead of the global one.
+/// Scopes nest (the innermost wins); outside any scope the global client
+/// serves. No [`init`] is needed, so each test, a scheduled job or a
+/// second Redis can have a client of its own.
+///
+/// The scope belongs to the task: a `tokio::spawn`ed task starts outside
+/// it (wrap its future in `with_client` too).
+///
+/// ```
+/// use lock_runtime::{distributed_lock, LockClient, LockError};
+///
+/// #[distributed_lock(key = "order:{id}")]
+/// async fn pay(id: u64) -> Result<u64, LockError> {
+///     Ok(lock_runtime::current_fence().expect("held"))
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), LockError> {
+/// // No `init`: this test's own client.
+/// let client = LockClient::memory();
+/// let fence = lock_runtime::with_client(client.clone(), pay(42)).await?;
+/// assert!(fence > 0);
+/// # Ok(()) }
+/// ```
+pub fn with_client<F: Future>(client: LockClient, fut: F) -> impl Future<Output = F::Output> {
+    SCOPED.scope(client, fut)
 }

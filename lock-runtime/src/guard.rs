@@ -4,11 +4,11 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::backend::fault::Fault;
-use crate::backend::{Backend, Released, Renewal, Renewed};
+use crate::backend::{Backend, Released};
 use crate::key::LockName;
 use crate::metrics;
 use crate::scope::Scope;
-use crate::watchdog::Held;
+use crate::watchdog::{Ended, Held};
 use crate::{LockClient, LockError};
 
 /// One acquisition from Redis, shared by the guards that re-enter it.
@@ -34,6 +34,16 @@ impl Hold {
         self.held.is_lost()
     }
 
+    /// The error for a hold the watchdog ended: `Lost`, or
+    /// `MaxHoldReached` when it was held for its `max_hold`.
+    pub(crate) fn lost_error(&self) -> LockError {
+        let key = self.name.key.to_string();
+        match self.held.ended() {
+            Some((Ended::MaxHold, Some(max_hold))) => LockError::MaxHoldReached { key, max_hold },
+            _ => LockError::Lost { key },
+        }
+    }
+
     /// Until when a release leaves the lock taken (`min_hold`).
     fn keep_until(&self) -> Option<Instant> {
         (self.min_hold_ms > 0)
@@ -56,6 +66,12 @@ impl Hold {
                 .keep_in_background(name, owner, self.keep_until()),
             None => self.client.release_in_background(name, owner),
         }
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        metrics::holding(self.label, -1.0);
     }
 }
 
@@ -94,6 +110,7 @@ impl LockGuard {
     /// The first guard of a fresh acquisition; it joins `scope` so that
     /// nested calls there re-enter it.
     pub(crate) fn fresh(hold: Hold, scope: Option<Arc<Scope>>) -> Self {
+        metrics::holding(hold.label, 1.0);
         let hold = Arc::new(hold);
         if let Some(s) = &scope {
             s.insert(&hold.client.inner.id, &hold);
@@ -144,6 +161,23 @@ impl LockGuard {
         std::iter::once(self.key())
             .chain(self.others().iter().map(LockGuard::key))
             .collect()
+    }
+
+    /// Why the lock was lost, as the error a body stopped by it returns
+    /// (the first key's of a multi-key lock that was lost).
+    pub(crate) fn lost_error_any(&self) -> LockError {
+        std::iter::once(self)
+            .chain(self.others())
+            .find(|g| g.hold.is_lost())
+            .unwrap_or(self)
+            .lost_error()
+    }
+
+    /// The key and token of each key, for [`current_fences`](crate::current_fences).
+    pub(crate) fn key_fences(&self) -> impl Iterator<Item = (&Arc<str>, u64)> + '_ {
+        std::iter::once(self)
+            .chain(self.others())
+            .map(|g| (&g.hold.name.key, g.hold.fence))
     }
 
     /// Whether this guard re-entered a hold of its scope.
@@ -266,9 +300,7 @@ impl LockGuard {
     }
 
     fn lost_error(&self) -> LockError {
-        LockError::Lost {
-            key: self.hold.name.key.to_string(),
-        }
+        self.hold.lost_error()
     }
 
     /// End this guard. If it was the last of its acquisition, renewals stop
@@ -314,29 +346,16 @@ impl Drop for Unfinished<'_> {
     }
 }
 
-/// Set `owner`'s lock to expire `left` from now, if it is still `owner`'s:
-/// the release of a hold with `min_hold` time left. The same
-/// compare-and-expire a renewal sends, so sending it twice is harmless.
+/// Leave `owner`'s lock to expire `left` from now, if it is still
+/// `owner`'s: the release of a hold with `min_hold` left. A renewal of
+/// `owner` that Redis runs after this finds no hold to extend.
 pub(crate) async fn keep(
     backend: &Backend,
     name: &LockName,
     owner: &Arc<str>,
     left: Duration,
 ) -> Result<Released, Fault> {
-    let renewal = Renewal {
-        name: name.clone(),
-        owner: owner.clone(),
-        lease: left,
-    };
-    match backend.renew(vec![renewal]).await.pop() {
-        Some(Renewed::Yes) => Ok(Released::Freed),
-        Some(Renewed::NotOwner) => Ok(Released::NotOwner),
-        Some(Renewed::Failed(e)) => Err(e),
-        None => Err(Fault::other(format!(
-            "leaving lock `{}` to expire at its min_hold: no answer",
-            name.key
-        ))),
-    }
+    backend.keep(name, owner, left).await
 }
 
 impl Drop for LockGuard {

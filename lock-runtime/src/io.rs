@@ -1,23 +1,36 @@
-//! The client's own I/O thread.
+//! Where a client's background work runs.
 //!
-//! Connections, the watchdog, wake-ups and background releases live on a
-//! small runtime that belongs to the client, not to whichever runtime created
-//! it. A client made in one `#[tokio::test]` keeps working in the next, and
-//! work handed to it (a release after a drop, an acquire whose caller went
-//! away) runs to its end.
+//! A Redis client's connections, watchdog, wake-ups and background
+//! releases live on a small runtime that belongs to the client, not to
+//! whichever runtime created it. A client made in one `#[tokio::test]`
+//! keeps working in the next, and work handed to it (a release after a
+//! drop, an acquire whose caller went away) runs to its end.
+//!
+//! The in-memory client has no connections: its work runs on the caller's
+//! runtime, with that runtime's clock, so `tokio::time::pause()` and
+//! `advance` drive its leases, waits and renewals. Work handed to a runtime
+//! that is shutting down (the previous `#[tokio::test]`'s) moves to one
+//! process-wide fallback thread, as does work spawned outside any runtime.
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::LazyLock;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 
 use crate::LockError;
 
-pub(crate) struct Io {
-    handle: Handle,
-    stop: Option<oneshot::Sender<()>>,
+pub(crate) enum Io {
+    /// A runtime on a thread of the client's own.
+    Own {
+        handle: Handle,
+        stop: Option<oneshot::Sender<()>>,
+    },
+    /// The runtime of whoever calls (the in-memory client).
+    Caller,
 }
 
 impl Io {
@@ -39,14 +52,28 @@ impl Io {
                 rt.shutdown_background();
             })
             .map_err(|e| LockError::other(format!("cannot start the lock I/O thread: {e}")))?;
-        Ok(Io {
+        Ok(Io::Own {
             handle,
             stop: Some(stop),
         })
     }
 
-    pub(crate) fn handle(&self) -> &Handle {
-        &self.handle
+    /// Background work on the caller's runtime (the in-memory client).
+    pub(crate) fn caller() -> Io {
+        Io::Caller
+    }
+
+    /// The runtime background work goes to now.
+    pub(crate) fn handle(&self) -> Handle {
+        match self {
+            Io::Own { handle, .. } => handle.clone(),
+            Io::Caller => Handle::try_current().unwrap_or_else(|_| fallback().clone()),
+        }
+    }
+
+    /// Whether work runs on the caller's runtime.
+    pub(crate) fn is_caller(&self) -> bool {
+        matches!(self, Io::Caller)
     }
 
     /// Run `fut` on the I/O runtime and wait for it from any runtime.
@@ -54,7 +81,10 @@ impl Io {
         &self,
         fut: impl Future<Output = Result<T, LockError>> + Send + 'static,
     ) -> Result<T, LockError> {
-        match self.handle.spawn(fut).await {
+        let Io::Own { handle, .. } = self else {
+            return fut.await;
+        };
+        match handle.spawn(fut).await {
             Ok(out) => out,
             Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
             Err(_) => Err(LockError::shutdown()),
@@ -67,21 +97,122 @@ impl Io {
     /// a timeout) lives on the I/O runtime, which outlives every caller.
     pub(crate) fn here<F: Future>(&self, fut: F) -> Here<'_, F> {
         Here {
-            io: &self.handle,
+            io: match self {
+                Io::Own { handle, .. } => Some(handle),
+                Io::Caller => None,
+            },
             fut,
         }
     }
 
     /// Fire and forget.
     pub(crate) fn spawn(&self, fut: impl Future<Output = ()> + Send + 'static) {
-        self.handle.spawn(fut);
+        match self {
+            Io::Own { handle, .. } => {
+                handle.spawn(fut);
+            }
+            Io::Caller => spawn_here(fut),
+        }
+    }
+
+    /// A timer on the clock of the runtime that background work uses,
+    /// usable from any runtime.
+    pub(crate) fn sleep(&self, d: Duration) -> tokio::time::Sleep {
+        match self {
+            Io::Own { handle, .. } => {
+                let _rt = handle.enter();
+                tokio::time::sleep(d)
+            }
+            Io::Caller if Handle::try_current().is_ok() => tokio::time::sleep(d),
+            Io::Caller => {
+                let _rt = fallback().enter();
+                tokio::time::sleep(d)
+            }
+        }
+    }
+}
+
+/// The thread that takes the in-memory client's background work when no
+/// runtime is there to run it. Started on first use, for the process.
+fn fallback() -> &'static Handle {
+    static FALLBACK: LazyLock<Handle> = LazyLock::new(|| {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("cannot build the lock fallback runtime");
+        let handle = rt.handle().clone();
+        std::thread::Builder::new()
+            .name(FALLBACK_THREAD.into())
+            .spawn(move || rt.block_on(std::future::pending::<()>()))
+            .expect("cannot start the lock fallback thread");
+        handle
+    });
+    &FALLBACK
+}
+
+const FALLBACK_THREAD: &str = "lock-runtime-fallback";
+
+/// Whether this code runs on the fallback thread.
+pub(crate) fn on_fallback() -> bool {
+    std::thread::current().name() == Some(FALLBACK_THREAD)
+}
+
+/// Spawn on the current runtime; if there is none, or it is shutting down
+/// and drops the task before its first poll, on the fallback thread.
+fn spawn_here(fut: impl Future<Output = ()> + Send + 'static) {
+    let task = Rescued {
+        fut: Some(Box::pin(fut)),
+        started: false,
+    };
+    match Handle::try_current() {
+        Ok(handle) => {
+            handle.spawn(task);
+        }
+        Err(_) => {
+            fallback().spawn(task);
+        }
+    }
+}
+
+type Task = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// A task that, dropped before it was first polled (its runtime shut
+/// down), moves to the fallback thread instead of vanishing: a background
+/// release must not be lost with the test runtime that spawned it. Once
+/// polled, its timers belong to its runtime, and it is not moved.
+struct Rescued {
+    fut: Option<Task>,
+    started: bool,
+}
+
+impl Future for Rescued {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        self.started = true;
+        let Some(fut) = self.fut.as_mut() else {
+            return Poll::Ready(());
+        };
+        let out = fut.as_mut().poll(cx);
+        if out.is_ready() {
+            self.fut = None;
+        }
+        out
+    }
+}
+
+impl Drop for Rescued {
+    fn drop(&mut self) {
+        if let (Some(fut), false) = (self.fut.take(), self.started) {
+            fallback().spawn(fut);
+        }
     }
 }
 
 pin_project_lite::pin_project! {
     /// See [`Io::here`].
     pub(crate) struct Here<'a, F> {
-        io: &'a Handle,
+        io: Option<&'a Handle>,
         #[pin]
         fut: F,
     }
@@ -92,15 +223,17 @@ impl<F: Future> Future for Here<'_, F> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.project();
-        let _rt = this.io.enter();
+        let _rt = this.io.map(Handle::enter);
         this.fut.poll(cx)
     }
 }
 
 impl Drop for Io {
     fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
+        if let Io::Own { stop, .. } = self {
+            if let Some(stop) = stop.take() {
+                let _ = stop.send(());
+            }
         }
     }
 }

@@ -94,6 +94,26 @@ impl LockName {
     pub(crate) fn grant_channel(&self, client: &str) -> Arc<str> {
         format!("{}:granted:{client}", self.hash).into()
     }
+
+    /// The user key behind a Redis name that a held or awaited lock has
+    /// (the lock, its queue, waiters or readers), as found by a scan; `None`
+    /// for anything else, the fence counter included: it outlives its lock,
+    /// and a key with nothing else is neither held nor awaited.
+    pub(crate) fn key_of(prefix: &str, redis_name: &str) -> Option<String> {
+        let tagged = redis_name.strip_prefix(prefix)?.strip_prefix('{')?;
+        // The key may itself hold `}`: the lock's own name ends with the
+        // last one, a side name's key ends before its last `}:`.
+        let key = match tagged.strip_suffix('}') {
+            Some(key) => key,
+            None => &tagged[..tagged.rfind("}:")?],
+        };
+        let name = LockName::new(prefix, key).ok()?;
+        let ours = *name.hash == *redis_name
+            || [name.queue(), name.waiters(), name.readers()]
+                .iter()
+                .any(|n| n == redis_name);
+        ours.then(|| key.to_owned())
+    }
 }
 
 /// Whether an owner id is a reader's (`<client id>:r<n>`): every backend
@@ -136,6 +156,28 @@ mod tests {
         assert_eq!(&*n.grant_channel("c1"), "lock:{order:42}:granted:c1");
         let back = LockName::of_grant_channel(&n.grant_channel("c1")).unwrap();
         assert_eq!(back.hash, n.hash);
+    }
+
+    #[test]
+    fn a_scanned_name_gives_its_key_unless_it_is_a_fence_counter() {
+        let n = LockName::new("lock:", "order:42").unwrap();
+        for name in [n.hash.to_string(), n.queue(), n.waiters(), n.readers()] {
+            assert_eq!(
+                LockName::key_of("lock:", &name).as_deref(),
+                Some("order:42")
+            );
+        }
+        assert_eq!(LockName::key_of("lock:", &n.fence()), None);
+        assert_eq!(LockName::key_of("other:", &n.hash), None);
+        assert_eq!(LockName::key_of("lock:", "lock:{order:42}:other"), None);
+        assert_eq!(LockName::key_of("lock:", "lock:order:42"), None);
+        // Keys holding `}` or a side name's suffix are found whole.
+        for key in ["a}b{c", "x}:queue", "y}:queue}"] {
+            let n = LockName::new("lock:", key).unwrap();
+            for name in [n.hash.to_string(), n.queue(), n.readers()] {
+                assert_eq!(LockName::key_of("lock:", &name).as_deref(), Some(key));
+            }
+        }
     }
 
     #[test]

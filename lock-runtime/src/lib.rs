@@ -48,6 +48,12 @@
 //! message (`docs/HANDOFF.md`). After a release with nobody waiting only
 //! the fence counter remains.
 //!
+//! # Looking at locks and clearing them
+//! [`LockClient::inspect`] says who holds a key, for how long, and how many
+//! wait; [`LockClient::force_release`] clears a stuck holder and serves the
+//! next waiter at once; [`LockClient::locks`] lists the held keys. The
+//! `lockctl` CLI runs them from a shell.
+//!
 //! # Lost replies and dropped connections
 //! Owner ids are unique per acquisition and every lock script is idempotent,
 //! so a command whose connection broke is simply sent again: a repeated
@@ -74,29 +80,69 @@
 //! Reentry is counted in the process: it costs no round trip and hands back
 //! exactly the outer token.
 //!
+//! # Testing
+//! [`LockClient::memory`] keeps time with tokio: under
+//! `#[tokio::test(start_paused = true)]` a 20 s wait or a 10 min hold passes
+//! in no real time, and `tokio::time::advance` drives leases, waits and
+//! renewals. [`with_client`] gives each test (or job) its own client with no
+//! [`init`]; [`LockClient::memory_with_control`] adds
+//! [`MemoryControl::expire`] (a lease ends now: test your `on_lost` path) and
+//! [`MemoryControl::fail_next`] (calls fail as on a cut connection: test your
+//! retries).
+//!
+//! ```
+//! use lock_runtime::{distributed_lock, with_client, LockClient, LockError};
+//!
+//! #[distributed_lock(key = "order:{id}", wait = "20s")]
+//! async fn pay(id: u64) -> Result<u64, LockError> {
+//!     Ok(lock_runtime::current_fence().expect("held"))
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), LockError> {
+//! // In a `#[tokio::test(start_paused = true)]`:
+//! let client = LockClient::memory();
+//! let held = client.lock("order:1").await?;
+//! let holder = tokio::spawn(async move {
+//!     tokio::time::sleep(std::time::Duration::from_secs(15)).await;
+//!     held.release().await
+//! });
+//! // Waits 15 s of tokio time for the holder, then runs.
+//! assert!(with_client(client, pay(1)).await? > 0);
+//! holder.await.unwrap()?;
+//! # Ok(()) }
+//! ```
+//!
 //! # Cargo features
-//! - `tls`: `rediss://` URLs for every deployment, over rustls (no OpenSSL
-//!   needed to build), and `LockClientBuilder::tls_root_ca` for a private
-//!   CA; `rediss://host:port/#insecure` skips certificate verification (for
-//!   tests only). Without it a `rediss://` URL is a [`LockError::Config`]
-//!   that says to enable it. ACL users work with or without it:
-//!   `redis://user:password@host:port`.
-//! - `cluster` (default): Redis Cluster, `LockClient::cluster`.
-//! - `metrics`: lock figures through the [`metrics`](https://docs.rs/metrics)
-//!   facade, each with the label `lock` (the attribute's key template as
-//!   written, or [`LockRequest::name`], default `"manual"`; never the
-//!   formatted key): `distributed_lock_acquired_total` (fresh acquisitions,
-//!   not reentries), `distributed_lock_busy_total` (gave up busy: `Timeout`,
-//!   skipped), `distributed_lock_lost_total` (holds lost while held),
-//!   `distributed_lock_acquire_seconds` (request to guard, waiting included)
-//!   and `distributed_lock_held_seconds` (acquisition to release).
-//! - `axum`: `LockError` implements `axum::response::IntoResponse`:
-//!   `Timeout` is 503 with `Retry-After` (at least 1 s, about as long as the
-//!   call waited); `Lost` is 503 too (the work lost its exclusivity midway
-//!   and was stopped: nothing is wrong with the request, so not a 409, and
-//!   an idempotent handler may be retried); anything else is 500. The body
-//!   is `{"error": "lock_busy" | "lock_lost" | "lock_unavailable", "key",
-//!   "message"}`.
+#![doc = document_features::document_features!()]
+//!
+//! Without `tls` a `rediss://` URL is a [`LockError::Config`] that says to
+//! enable it. ACL users work with or without it:
+//! `redis://user:password@host:port`.
+//!
+//! # Metrics
+//! With the `metrics` feature, through the
+//! [`metrics`](https://docs.rs/metrics) facade, each with the label `lock`
+//! (the attribute's key template as written, or [`LockRequest::name`],
+//! default `"manual"`; never the formatted key):
+//! `distributed_lock_acquired_total` (fresh acquisitions, not reentries),
+//! `distributed_lock_busy_total` (gave up busy: `Timeout`, skipped),
+//! `distributed_lock_lost_total` (holds lost while held),
+//! `distributed_lock_acquire_seconds` (request to guard, waiting
+//! included), `distributed_lock_held_seconds` (acquisition to release) and
+//! the gauge `distributed_lock_held_locks` (locks this process holds now).
+//! Each is described (help text and unit) to the recorder installed when a
+//! client is built: install the recorder first.
+//!
+//! # axum
+//! With the `axum` feature, `LockError` implements
+//! `axum::response::IntoResponse`: `Timeout` is 503 with `Retry-After` (at
+//! least 1 s, about as long as the call waited); `Lost` is 503 too (the
+//! work lost its exclusivity midway and was stopped: nothing is wrong with
+//! the request, so not a 409, and an idempotent handler may be retried);
+//! `MaxHoldReached` and anything else are 500. The body is `{"error":
+//! "lock_busy" | "lock_lost" | "lock_max_hold" | "lock_unavailable", "key",
+//! "message"}`.
 //!
 //! ```ignore
 //! // features = ["axum"]
@@ -113,19 +159,27 @@
 //! Every request runs in a `lock.acquire` span (`key`, `lock`, `wait_ms`,
 //! then `outcome` and `fence`), and a body under [`LockRequest::run`] (the
 //! attribute) in a `lock.hold` span: a slow request's trace shows the time
-//! it waited for its lock and the time it held it.
+//! it waited for its lock and the time it held it. Both are DEBUG while
+//! nothing notable happens; once a request starts to wait, or a hold is
+//! lost, an INFO span of the same name and fields (following from the
+//! first) takes over for the rest, so at INFO a trace shows exactly the
+//! waits and the losses.
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod backend;
 mod builder;
+mod claims;
 mod client;
 mod error;
+mod glob;
 mod global;
 mod guard;
+mod info;
 mod io;
 mod key;
 mod metrics;
+mod operations;
 mod request;
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
@@ -133,6 +187,7 @@ mod response;
 mod run;
 mod scope;
 mod scripts;
+mod spans;
 mod wakeups;
 mod watchdog;
 
@@ -141,11 +196,13 @@ mod watchdog;
 #[path = "private.rs"]
 pub mod __private;
 
+pub use backend::memory::MemoryControl;
 pub use builder::LockClientBuilder;
 pub use client::LockClient;
 pub use error::{BackendError, LockError};
-pub use global::{client, init};
+pub use global::{client, init, with_client};
 pub use guard::LockGuard;
+pub use info::{LockInfo, LockMode};
 /// ```
 /// use lock_runtime::{distributed_lock, LockClient, LockError};
 ///
@@ -173,4 +230,21 @@ pub use guard::LockGuard;
 pub use lock_macros::distributed_lock;
 pub use request::LockRequest;
 pub use run::OnLost;
-pub use scope::current_fence;
+#[doc(hidden)]
+pub use run::{LockResult, SkipResult};
+pub use scope::{current_fence, current_fences};
+
+#[cfg(test)]
+mod readme {
+    /// The README's feature list is the one generated from Cargo.toml (the
+    /// crate docs include it directly), so neither can drift.
+    #[test]
+    fn the_readme_lists_the_features_of_cargo_toml() {
+        let generated = document_features::document_features!();
+        let readme = include_str!("../../README.md");
+        assert!(
+            readme.contains(generated),
+            "README.md's feature list differs from Cargo.toml's; paste this under \"Cargo features\":\n{generated}"
+        );
+    }
+}

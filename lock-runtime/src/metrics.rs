@@ -30,14 +30,82 @@ pub(crate) fn intern(name: Cow<'static, str>) -> &'static str {
     }
 }
 
+/// Every metric's name, kind and meaning.
+#[cfg(feature = "metrics")]
+pub(crate) const METRICS: [(&str, &str, &str); 6] = [
+    (
+        ACQUIRED,
+        "counter",
+        "Fresh lock acquisitions (not reentries), by lock template.",
+    ),
+    (
+        BUSY,
+        "counter",
+        "Lock requests that gave up busy (Timeout, or skipped), by lock template.",
+    ),
+    (
+        LOST,
+        "counter",
+        "Holds lost while held (lease ran out unrenewed, deleted, or max_hold reached), by lock template.",
+    ),
+    (
+        ACQUIRE_SECONDS,
+        "histogram",
+        "Seconds from a lock request to the guard in hand, waiting included, by lock template.",
+    ),
+    (
+        HELD_SECONDS,
+        "histogram",
+        "Seconds from acquisition to release, by lock template.",
+    ),
+    (
+        HELD_LOCKS,
+        "gauge",
+        "Locks this process holds now (fresh acquisitions not yet released), by lock template.",
+    ),
+];
+
+#[cfg(feature = "metrics")]
+const ACQUIRED: &str = "distributed_lock_acquired_total";
+#[cfg(feature = "metrics")]
+const BUSY: &str = "distributed_lock_busy_total";
+#[cfg(feature = "metrics")]
+const LOST: &str = "distributed_lock_lost_total";
+#[cfg(feature = "metrics")]
+const ACQUIRE_SECONDS: &str = "distributed_lock_acquire_seconds";
+#[cfg(feature = "metrics")]
+const HELD_SECONDS: &str = "distributed_lock_held_seconds";
+#[cfg(feature = "metrics")]
+const HELD_LOCKS: &str = "distributed_lock_held_locks";
+
+/// Describe every metric to the installed recorder (units, help text).
+/// Called whenever a client is built: install the recorder before that.
+pub(crate) fn describe() {
+    #[cfg(feature = "metrics")]
+    for (name, kind, help) in METRICS {
+        match kind {
+            "counter" => metrics::describe_counter!(name, metrics::Unit::Count, help),
+            "histogram" => metrics::describe_histogram!(name, metrics::Unit::Seconds, help),
+            _ => metrics::describe_gauge!(name, metrics::Unit::Count, help),
+        }
+    }
+}
+
+/// A fresh hold began (`+1`) or ended (`-1`): the gauge of locks held.
+pub(crate) fn holding(lock: &'static str, delta: f64) {
+    #[cfg(feature = "metrics")]
+    metrics::gauge!(HELD_LOCKS, "lock" => lock).increment(delta);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (lock, delta);
+}
+
 /// A fresh acquisition (not a reentry), `waited` after it was asked for.
 pub(crate) fn acquired(lock: &'static str, waited: Duration) {
     #[cfg(feature = "metrics")]
     {
         let label = [("lock", lock)];
-        metrics::counter!("distributed_lock_acquired_total", &label).increment(1);
-        metrics::histogram!("distributed_lock_acquire_seconds", &label)
-            .record(waited.as_secs_f64());
+        metrics::counter!(ACQUIRED, &label).increment(1);
+        metrics::histogram!(ACQUIRE_SECONDS, &label).record(waited.as_secs_f64());
     }
     #[cfg(not(feature = "metrics"))]
     let _ = (lock, waited);
@@ -47,7 +115,7 @@ pub(crate) fn acquired(lock: &'static str, waited: Duration) {
 /// (`on_busy = "skip"`, `try_acquire` returning `None`).
 pub(crate) fn busy(lock: &'static str) {
     #[cfg(feature = "metrics")]
-    metrics::counter!("distributed_lock_busy_total", "lock" => lock).increment(1);
+    metrics::counter!(BUSY, "lock" => lock).increment(1);
     #[cfg(not(feature = "metrics"))]
     let _ = lock;
 }
@@ -55,7 +123,7 @@ pub(crate) fn busy(lock: &'static str) {
 /// A hold lost while held (expired unrenewed, deleted, or `max_hold`).
 pub(crate) fn lost(lock: &'static str) {
     #[cfg(feature = "metrics")]
-    metrics::counter!("distributed_lock_lost_total", "lock" => lock).increment(1);
+    metrics::counter!(LOST, "lock" => lock).increment(1);
     #[cfg(not(feature = "metrics"))]
     let _ = lock;
 }
@@ -63,7 +131,7 @@ pub(crate) fn lost(lock: &'static str) {
 /// A hold ended (released or dropped) `held` after it was acquired.
 pub(crate) fn held(lock: &'static str, held: Duration) {
     #[cfg(feature = "metrics")]
-    metrics::histogram!("distributed_lock_held_seconds", "lock" => lock).record(held.as_secs_f64());
+    metrics::histogram!(HELD_SECONDS, "lock" => lock).record(held.as_secs_f64());
     #[cfg(not(feature = "metrics"))]
     let _ = (lock, held);
 }

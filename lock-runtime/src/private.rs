@@ -5,4 +5,4 @@
 pub use std::format;
 pub use std::time::Duration;
 
-pub use crate::run::LockResult;
+pub use crate::run::{LockResult, SkipResult};

@@ -1,19 +1,21 @@
 use std::borrow::Cow;
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tracing::Instrument;
 
 use crate::backend::fault::Fault;
 use crate::backend::{Acquired, Queue, Queued, Renewal};
+use crate::claims::Stamp;
 use crate::guard::Hold;
 use crate::key::LockName;
 use crate::metrics;
 use crate::scope::{self, Reentry, Scope};
-use crate::wakeups::{Stamp, Waiter, Woken};
+use crate::spans;
+use crate::wakeups::{Waiter, Woken};
 use crate::{LockClient, LockError, LockGuard, OnLost};
 
 /// Longest lease accepted: a year is already a lock that outlives deploys.
@@ -58,7 +60,7 @@ pub struct LockRequest {
     /// Shared (`LockClient::read_lock`) rather than exclusive.
     read: bool,
     lease: Option<Duration>,
-    wait: Option<Duration>,
+    pub(crate) wait: Option<Duration>,
     pub(crate) on_lost: OnLost,
     min_hold: Option<Duration>,
     max_hold: Option<Duration>,
@@ -142,7 +144,11 @@ impl LockRequest {
     /// Take the lock if it is free within `wait`, else `Ok(None)`: what a
     /// job that runs on every instance wants, where "busy" means "another
     /// instance runs it now". Other failures are `Err` as for `.await`.
-    pub async fn try_acquire(self) -> Result<Option<LockGuard>, LockError> {
+    ///
+    /// Without a `wait` of its own it tries once (the client's default
+    /// `wait` is for requests that queue).
+    pub async fn try_acquire(mut self) -> Result<Option<LockGuard>, LockError> {
+        self.wait.get_or_insert(Duration::ZERO);
         match self.acquire().await {
             Ok(guard) => Ok(Some(guard)),
             Err(LockError::Timeout { .. }) => Ok(None),
@@ -150,39 +156,38 @@ impl LockRequest {
         }
     }
 
-    /// Acquire inside a `lock.acquire` span, and count the outcome.
+    /// Acquire inside a `lock.acquire` span (DEBUG, INFO once it waits:
+    /// see `spans.rs`), and count the outcome.
     async fn acquire(self) -> Result<LockGuard, LockError> {
+        let phases = spans::acquire(&self.key, self.label, self.wait);
+        spans::acquiring(phases, self.acquire_counted()).await
+    }
+
+    async fn acquire_counted(self) -> Result<LockGuard, LockError> {
         let label = self.label;
-        let span = tracing::info_span!(
-            "lock.acquire",
-            key = %self.key,
-            lock = %label,
-            wait_ms = self.wait.map(|w| w.as_millis() as u64),
-            outcome = tracing::field::Empty,
-            fence = tracing::field::Empty,
-        );
         let started = Instant::now();
         let out = if self.more.is_empty() {
-            self.acquire_in_span().instrument(span.clone()).await
+            self.acquire_in_span().await
         } else {
-            self.acquire_all().instrument(span.clone()).await
+            self.acquire_all().await
         };
         match &out {
             Ok(guard) if guard.is_reentry() => {
-                span.record("outcome", "reentered");
-                span.record("fence", guard.fence());
+                spans::acquired(guard.key(), label, "reentered", Some(guard.fence()), false);
             }
             Ok(guard) => {
-                span.record("outcome", "acquired");
-                span.record("fence", guard.fence());
+                spans::acquired(guard.key(), label, "acquired", Some(guard.fence()), false);
                 metrics::acquired(label, started.elapsed());
             }
-            Err(LockError::Timeout { .. }) => {
-                span.record("outcome", "busy");
+            Err(LockError::Timeout { key, .. }) => {
+                spans::acquired(key, label, "busy", None, false);
                 metrics::busy(label);
             }
+            Err(LockError::Lost { key } | LockError::MaxHoldReached { key, .. }) => {
+                spans::acquired(key, label, "lost", None, true);
+            }
             Err(_) => {
-                span.record("outcome", "failed");
+                spans::acquired("", label, "failed", None, false);
             }
         }
         out
@@ -278,6 +283,10 @@ impl LockRequest {
         let new_owner =
             || -> Arc<str> { format!("{}:{mode}{}", client.inner.id, scope::next_holder()).into() };
         let mut owner = new_owner();
+        // From before the first send until this request ends, a grant for
+        // `owner` is this request's, whatever it is doing when the message
+        // arrives (see `claims.rs`).
+        let mut claim = client.inner.claims.open(&owner);
         let started = Instant::now();
         // A huge wait means "as long as it takes".
         let deadline = started.checked_add(wait).unwrap_or(started + MAX_LEASE);
@@ -294,6 +303,41 @@ impl LockRequest {
         // The last attempt that joined the queue: when it was sent, and the
         // backend's clock then. A grant's lease is counted from there.
         let mut queued_at: Option<(Instant, Queued)> = None;
+        // The lock was seen held by another: a wait that runs out is a
+        // `Timeout`, whatever failed last.
+        let seen_busy = AtomicBool::new(false);
+        // A server that refuses every connection cannot be reached: the
+        // call ends within two operation timeouts (one for a call that
+        // tries once), however long its wait. One that takes commands but
+        // answers slowly or not at all is tried until the deadline, and no
+        // attempt sent before it answered runs past the deadline.
+        let unreachable_end = deadline
+            .min(started + 2 * cfg.op_timeout)
+            .max(started + cfg.op_timeout);
+        let attempt_end = deadline.max(started + cfg.op_timeout);
+        // An attempt reached the server (it may have run there).
+        let mut reached = false;
+        let give_up_at = |reached: bool| {
+            if reached || seen_busy.load(Ordering::Relaxed) {
+                deadline
+            } else {
+                deadline.min(unreachable_end)
+            }
+        };
+        let gave_up = |e: Fault, key: &str| -> LockError {
+            if seen_busy.load(Ordering::Relaxed) {
+                tracing::debug!(key = %key, error = %e, "lock busy; giving up (the last attempt failed)");
+                LockError::Timeout {
+                    key: key.to_owned(),
+                    waited: started.elapsed(),
+                }
+            } else {
+                e.into()
+            }
+        };
+        // Nothing starts after the deadline but one last attempt, and every
+        // attempt is bounded by the backend: a call ends by its deadline
+        // plus at most one attempt.
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             // A waiter asks again at least every `retry_delay` (+ jitter),
@@ -302,6 +346,15 @@ impl LockRequest {
                 stay: (!left.is_zero())
                     .then(|| left.min(cfg.retry_delay) + cfg.retry_jitter + 2 * cfg.op_timeout),
                 rejoin: queued_once,
+                // No answer from the server yet: this attempt ends by the
+                // call's deadline (a call that tries once: after one
+                // operation timeout), or sooner while the server refuses
+                // connections.
+                by: (!seen_busy.load(Ordering::Relaxed)).then_some(if reached {
+                    attempt_end
+                } else {
+                    unreachable_end
+                }),
             };
             // Sent from this task: if it is dropped before the answer,
             // `unsure` takes the attempt back.
@@ -324,14 +377,15 @@ impl LockRequest {
                     unsure.pending = false;
                     if let Some(w) = waiter.as_mut() {
                         w.consumed();
-                        if queued_once {
-                            // A hand-off's grant message may still come.
-                            w.settle();
-                        }
+                    }
+                    if queued_once {
+                        // A hand-off's grant message may still come.
+                        claim.settle();
                     }
                     return Ok(acquired(&key, guard, started));
                 }
                 Ok(Attempt::Busy { ttl, queued }) => {
+                    seen_busy.store(true, Ordering::Relaxed);
                     if let Some(w) = waiter.as_mut() {
                         w.consumed();
                     }
@@ -346,13 +400,17 @@ impl LockRequest {
                     ttl
                 }
                 Ok(Attempt::Late(e)) => {
+                    reached = true;
                     // Being taken back under this owner id: go on with a new
                     // one, which that release cannot touch.
                     unsure.pending = false;
                     (owner, waiter, queued_once, queued_at) = (new_owner(), None, false, None);
+                    claim = client.inner.claims.open(&owner);
                     unsure.owner = owner.clone();
                     failures += 1;
-                    pause_or_give_up(&client, failures, deadline, e).await?;
+                    pause_or_give_up(&client, failures, give_up_at(reached), e)
+                        .await
+                        .map_err(|e| gave_up(e, &key))?;
                     continue;
                 }
                 Err(e) if e.is_transient() => {
@@ -360,9 +418,13 @@ impl LockRequest {
                     // answered `Repeated` if it did, and if this request ends
                     // first, `unsure` takes it back.
                     queued_once |= may_queue;
+                    // (Refused now: down now, whatever an earlier attempt met.)
+                    reached = e.may_have_run();
                     failures += 1;
                     tracing::debug!(key = %key, error = %e, "lock attempt failed; trying again");
-                    pause_or_give_up(&client, failures, deadline, e).await?;
+                    pause_or_give_up(&client, failures, give_up_at(reached), e)
+                        .await
+                        .map_err(|e| gave_up(e, &key))?;
                     continue;
                 }
                 Err(e) => {
@@ -379,6 +441,7 @@ impl LockRequest {
                     waited: now - started,
                 });
             }
+            spans::waiting(&key, label, wait);
             // Futures joined in one body share their scope: if a scope-mate
             // took the key meanwhile, re-enter its hold.
             let joined = scope.as_ref().map(|s| s.joined());
@@ -391,28 +454,52 @@ impl LockRequest {
             }
             if !matches!(&waiter, Some(w) if !w.is_stale()) {
                 waiter = None;
-                match client.subscribe(&name, &owner).await {
-                    Ok((w, fresh)) => {
+                // Listening costs no more than the wait has left; what
+                // then remains is one last attempt.
+                let listen = async {
+                    let (w, fresh) = client.subscribe(&name, &owner).await?;
+                    // Listening afresh: a release between the attempt
+                    // and the subscription could not reach this client.
+                    // A queued waiter checks it is still queued; one
+                    // that does not queue tries again.
+                    let waits =
+                        !fresh || client.still_waits(&name, &owner, queued_at.is_some()).await;
+                    Ok::<_, LockError>((w, waits))
+                };
+                let out = tokio::select! {
+                    out = listen => Some(out),
+                    _ = client.sleep(deadline.saturating_duration_since(now)) => None,
+                };
+                match out {
+                    Some(Ok((w, waits))) => {
                         waiter = Some(w);
-                        // Listening afresh: a release between the attempt
-                        // and the subscription could not reach this client.
-                        // A queued waiter checks it is still queued; one
-                        // that does not queue tries again.
-                        if fresh && !client.still_waits(&name, &owner, queued_at.is_some()).await {
+                        if !waits {
                             continue;
                         }
                     }
-                    Err(e) => {
+                    Some(Err(e)) => {
                         tracing::debug!(key = %key, error = %e, "cannot listen for releases; retrying on a timer");
                     }
+                    None => continue,
                 }
             }
+            let now = Instant::now();
             let jitter = cfg.retry_jitter.mul_f64(fastrand::f64());
-            let nap = (ttl.unwrap_or(lease).min(cfg.retry_delay) + jitter).min(deadline - now);
+            let nap = (ttl.unwrap_or(lease).min(cfg.retry_delay) + jitter)
+                .min(deadline.saturating_duration_since(now));
+            let mailbox = claim.mailbox();
             let released = async {
                 match waiter.as_mut() {
                     Some(w) => w.released().await,
-                    None => std::future::pending().await,
+                    // Not listening (the subscription failed): a grant
+                    // heard anyway still lands in this request's mailbox.
+                    None => loop {
+                        let arrived = mailbox.arrived.notified();
+                        if let Some(g) = mailbox.take() {
+                            break Woken::Granted(g);
+                        }
+                        arrived.await;
+                    },
                 }
             };
             let scope_joined = async {
@@ -460,9 +547,12 @@ impl LockRequest {
                 Attempt::Late(e) => {
                     unsure.pending = false;
                     (owner, waiter, queued_once, queued_at) = (new_owner(), None, false, None);
+                    claim = client.inner.claims.open(&owner);
                     unsure.owner = owner.clone();
                     failures += 1;
-                    pause_or_give_up(&client, failures, deadline, e).await?;
+                    pause_or_give_up(&client, failures, give_up_at(reached), e)
+                        .await
+                        .map_err(|e| gave_up(e, &key))?;
                 }
                 Attempt::Busy { .. } => unreachable!("a grant is never busy"),
             }
@@ -546,7 +636,7 @@ fn granted(
         );
         // Taken back in the background: this owner id is spent, and a
         // later attempt must use another (its grant would be deleted).
-        client.release_in_background(name, owner);
+        client.undo_in_background(name, owner);
         return Attempt::Late(err);
     }
     let held = inner.watchdog.hold(
@@ -659,7 +749,7 @@ async fn pause_or_give_up(
     failures: u32,
     deadline: Instant,
     e: Fault,
-) -> Result<(), LockError> {
+) -> Result<(), Fault> {
     let cap = client
         .inner
         .config
@@ -669,7 +759,7 @@ async fn pause_or_give_up(
     let base = base.min(cap);
     let pause = base + base.mul_f64(fastrand::f64() / 2.0);
     if Instant::now() + pause >= deadline {
-        return Err(e.into());
+        return Err(e);
     }
     client.sleep(pause).await;
     Ok(())
@@ -690,7 +780,7 @@ impl Drop for Unsure {
     fn drop(&mut self) {
         if self.pending {
             self.client
-                .release_in_background(self.name.clone(), self.owner.clone());
+                .undo_in_background(self.name.clone(), self.owner.clone());
         }
     }
 }

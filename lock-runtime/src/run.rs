@@ -2,17 +2,19 @@
 //! the same by hand.
 
 use std::future::Future;
+use std::time::Duration;
 
-use tracing::Instrument;
-
-use crate::{scope, LockError, LockRequest};
+use crate::scope::{self, BodyFences};
+use crate::{spans, LockError, LockRequest};
 
 /// What a body run under a lock does when the lock is lost while it runs
 /// (the watchdog could not renew it in time, or Redis no longer has it).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum OnLost {
     /// Drop the body at its next await point and return
-    /// `Err(LockError::Lost)`: nothing runs unprotected past the loss.
+    /// `Err(LockError::Lost)` (`Err(LockError::MaxHoldReached)` when the
+    /// hold reached its `max_hold`): nothing runs unprotected past the
+    /// loss.
     #[default]
     Abort,
     /// Let the body finish; the loss is logged, and the result stands.
@@ -34,7 +36,8 @@ impl LockRequest {
     /// and a nested request for the same key in it re-enters this hold. A
     /// lock that cannot be taken is `Err` without running the body; a lock
     /// lost while the body runs is `Err(LockError::Lost)` with
-    /// [`OnLost::Abort`]. A failed release after the body is logged, and
+    /// [`OnLost::Abort`] (`Err(LockError::MaxHoldReached)` if the body ran
+    /// past the request's `max_hold`). A failed release after the body is logged, and
     /// the body's output stands (the lock then expires with its lease).
     ///
     /// ```
@@ -59,7 +62,8 @@ impl LockRequest {
     /// [`run`](LockRequest::run), except that a lock still busy after the
     /// request's `wait` is `Ok(None)` and the body does not run: what
     /// `#[distributed_lock(on_busy = "skip")]` does, for a job scheduled on
-    /// every instance that only one of them should run.
+    /// every instance that only one of them should run. Without a `wait`
+    /// of its own it tries once.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -71,7 +75,8 @@ impl LockRequest {
     /// held.release().await?;
     /// # Ok(()) }
     /// ```
-    pub async fn run_or_skip<F: Future>(self, body: F) -> Result<Option<F::Output>, LockError> {
+    pub async fn run_or_skip<F: Future>(mut self, body: F) -> Result<Option<F::Output>, LockError> {
+        self.wait.get_or_insert(Duration::ZERO);
         match self.run(body).await {
             Ok(out) => Ok(Some(out)),
             Err(LockError::Timeout { .. }) => Ok(None),
@@ -82,30 +87,37 @@ impl LockRequest {
     async fn run_in_scope<F: Future>(self, body: F) -> Result<F::Output, LockError> {
         let on_lost = self.on_lost;
         let guard = self.await?;
-        // The body runs in a `lock.hold` span: a trace shows how long it
-        // held the lock, after the `lock.acquire` span showed the wait.
-        let span = tracing::info_span!(
-            "lock.hold",
-            key = %guard.key(),
-            lock = %guard.label(),
-            fence = guard.fence(),
-        );
-        let body = scope::with_fence(guard.fence(), body).instrument(span);
-        let out = match on_lost {
-            OnLost::Abort => {
-                let lost = guard.lost();
-                tokio::select! {
-                    biased;
-                    out = body => out,
-                    () = lost => {
-                        let key = guard.key().to_owned();
-                        tracing::warn!(key = %key, "lock lost; the body was stopped");
+        // The body runs in a `lock.hold` span (DEBUG; INFO from a loss
+        // on): a trace shows how long it held the lock, after the
+        // `lock.acquire` span showed the wait.
+        let (label, fence) = (guard.label(), guard.fence());
+        let phases = spans::hold(guard.key(), label, fence);
+        let fences = BodyFences::of(guard.key_fences());
+        let body = spans::Held::new(scope::with_fences(fences, body), phases);
+        tokio::pin!(body);
+        let lost = guard.lost();
+        let out = tokio::select! {
+            biased;
+            out = &mut body => out,
+            () = lost => {
+                let error = guard.lost_error_any();
+                body.as_mut().lost(guard.key(), label, fence);
+                match on_lost {
+                    OnLost::Abort => {
+                        body.as_mut().in_span(|| {
+                            tracing::warn!(key = %guard.key(), error = %error, "lock lost; the body was stopped");
+                        });
                         drop(guard);
-                        return Err(LockError::Lost { key });
+                        return Err(error);
+                    }
+                    OnLost::Continue => {
+                        body.as_mut().in_span(|| {
+                            tracing::warn!(key = %guard.key(), error = %error, "lock lost; the body goes on (on_lost = continue)");
+                        });
+                        body.await
                     }
                 }
             }
-            OnLost::Continue => body.await,
         };
         if let Err(e) = guard.release().await {
             tracing::warn!(error = %e, "releasing after the body finished failed; the body's result stands");
@@ -115,20 +127,47 @@ impl LockRequest {
 }
 
 /// A return type an annotated fn may have: one that can carry a lock
-/// error. The attribute turns a lock error into it.
+/// error (`Result<T, E>` with `E: From<LockError>`, under any alias). The
+/// attribute turns a lock error into it.
 #[doc(hidden)]
 #[diagnostic::on_unimplemented(
     message = "`#[distributed_lock]` fn returns `{Self}`, which cannot carry a lock error",
     label = "return `Result<T, E>` with `E: From<lock_runtime::LockError>`",
-    note = "add `impl From<lock_runtime::LockError> for YourError`, or return `Result<T, lock_runtime::LockError>`"
+    note = "a busy or lost lock is reported through the fn's error: return `Result<T, YourError>` and add `impl From<lock_runtime::LockError> for YourError`, or return `Result<T, lock_runtime::LockError>`"
 )]
 pub trait LockResult {
+    /// `T` of `Result<T, E>`.
+    type Ok;
+
     /// The lock error as this type.
     fn from_lock_error(e: LockError) -> Self;
 }
 
+#[diagnostic::do_not_recommend]
 impl<T, E: From<LockError>> LockResult for Result<T, E> {
+    type Ok = T;
+
     fn from_lock_error(e: LockError) -> Self {
         Err(e.into())
+    }
+}
+
+/// A return type `#[distributed_lock(on_busy = "skip")]` can skip with:
+/// `Result<T, E>` whose `T` has a default.
+#[doc(hidden)]
+#[diagnostic::on_unimplemented(
+    message = "`on_busy = \"skip\"` returns `Ok(T::default())` when the lock is busy, but the `T` of `{Self}` has no default",
+    label = "`T` must implement `Default`",
+    note = "derive or implement `Default` for the fn's `Ok` type, or leave `on_busy` at \"error\""
+)]
+pub trait SkipResult {
+    /// `Ok(T::default())`.
+    fn skipped() -> Self;
+}
+
+#[diagnostic::do_not_recommend]
+impl<T: Default, E> SkipResult for Result<T, E> {
+    fn skipped() -> Self {
+        Ok(T::default())
     }
 }

@@ -7,8 +7,8 @@
 //! a different holder. Task-locals work the same under `block_on`,
 //! `#[tokio::main]`, `#[tokio::test]` and in spawned tasks.
 //!
-//! The token is a task-local of its own, set around each annotated body
-//! only while that body is polled: bodies joined in one task each see
+//! The tokens are a task-local of their own, set around each annotated
+//! body only while that body is polled: bodies joined in one task each see
 //! their own.
 
 use std::collections::HashMap;
@@ -23,7 +23,48 @@ use crate::key::is_reader;
 
 tokio::task_local! {
     static SCOPE: Arc<Scope>;
-    static FENCE: u64;
+    static BODY: BodyFences;
+}
+
+/// The keys and tokens of the annotated body being polled. A single key
+/// (the common case) costs no allocation.
+pub(crate) enum BodyFences {
+    One(Arc<str>, u64),
+    /// Sorted by key.
+    Many(Box<[(Arc<str>, u64)]>),
+}
+
+impl BodyFences {
+    /// From a guard's keys and tokens (sorted by key, as a guard has them).
+    pub(crate) fn of<'a>(mut keys: impl Iterator<Item = (&'a Arc<str>, u64)>) -> Self {
+        let Some((key, fence)) = keys.next() else {
+            return BodyFences::Many(Box::default());
+        };
+        match keys.next() {
+            None => BodyFences::One(key.clone(), fence),
+            Some(second) => BodyFences::Many(
+                [(key, fence), second]
+                    .into_iter()
+                    .chain(keys)
+                    .map(|(k, f)| (k.clone(), f))
+                    .collect(),
+            ),
+        }
+    }
+
+    fn first(&self) -> Option<u64> {
+        match self {
+            BodyFences::One(_, fence) => Some(*fence),
+            BodyFences::Many(all) => all.first().map(|(_, f)| *f),
+        }
+    }
+
+    fn all(&self) -> Vec<(String, u64)> {
+        match self {
+            BodyFences::One(key, fence) => vec![(key.to_string(), *fence)],
+            BodyFences::Many(all) => all.iter().map(|(k, f)| (k.to_string(), *f)).collect(),
+        }
+    }
 }
 
 /// Process-wide so that owner ids never repeat within one client id.
@@ -124,9 +165,10 @@ pub(crate) async fn enter<F: Future>(fut: F) -> F::Output {
     SCOPE.scope(Arc::default(), fut).await
 }
 
-/// Run an annotated body: `current_fence()` inside it is `fence`.
-pub(crate) async fn with_fence<F: Future>(fence: u64, body: F) -> F::Output {
-    FENCE.scope(fence, body).await
+/// Run an annotated body: `current_fence()` and `current_fences()` inside
+/// it are its keys' tokens.
+pub(crate) async fn with_fences<F: Future>(fences: BodyFences, body: F) -> F::Output {
+    BODY.scope(fences, body).await
 }
 
 /// The fencing token of the annotated body this code runs in (the innermost
@@ -136,6 +178,34 @@ pub(crate) async fn with_fence<F: Future>(fence: u64, body: F) -> F::Output {
 /// task (`tokio::join!`, `select!`). Pass it to the resource you protect
 /// (see the crate docs on fencing) so a holder that was paused past its
 /// lease cannot overwrite newer work.
+///
+/// A multi-key body's is the token of its first key in sorted order (the
+/// guard's [`fence`](crate::LockGuard::fence)); [`current_fences`] has them
+/// all.
 pub fn current_fence() -> Option<u64> {
-    FENCE.try_with(|f| *f).ok()
+    BODY.try_with(BodyFences::first).ok().flatten()
+}
+
+/// Every key of the annotated body this code runs in (the innermost one)
+/// with its token, sorted by key; empty outside one. A single-key body has
+/// one entry, whose token is [`current_fence`]'s.
+///
+/// ```
+/// use lock_runtime::{distributed_lock, LockClient, LockError};
+///
+/// #[distributed_lock(keys = ["account:{from}", "account:{to}"])]
+/// async fn transfer(from: u64, to: u64) -> Result<Vec<(String, u64)>, LockError> {
+///     // Send each account's token with its write.
+///     Ok(lock_runtime::current_fences())
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), LockError> {
+/// let fences = lock_runtime::with_client(LockClient::memory(), transfer(9, 1)).await?;
+/// let keys: Vec<&str> = fences.iter().map(|(k, _)| k.as_str()).collect();
+/// assert_eq!(keys, ["account:1", "account:9"]);
+/// # Ok(()) }
+/// ```
+pub fn current_fences() -> Vec<(String, u64)> {
+    BODY.try_with(BodyFences::all).unwrap_or_default()
 }

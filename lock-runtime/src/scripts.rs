@@ -26,8 +26,18 @@ script!(RENEW, RENEW_SHA, "renew.lua");
 script!(RELEASE, RELEASE_SHA, "release.lua");
 script!(RAISE_FENCE, RAISE_FENCE_SHA, "raise_fence.lua");
 script!(RENEW_READ, RENEW_READ_SHA, "renew_read.lua");
+script!(KEEP, KEEP_SHA, "keep.lua");
+script!(INSPECT, INSPECT_SHA, "inspect.lua");
 
-pub(crate) const ALL: [&Script; 5] = [&ACQUIRE, &RENEW, &RELEASE, &RAISE_FENCE, &RENEW_READ];
+pub(crate) const ALL: [&Script; 7] = [
+    &ACQUIRE,
+    &RENEW,
+    &RELEASE,
+    &RAISE_FENCE,
+    &RENEW_READ,
+    &KEEP,
+    &INSPECT,
+];
 
 impl Script {
     /// `EVALSHA sha numkeys keys.. args..`.

@@ -2,15 +2,9 @@
 //! however many tasks wait on it.
 //!
 //! A queued waiter is handed the lock by the holder's release: the grant
-//! message names its owner id and lands in that waiter's mailbox. Nobody
-//! else is woken; the waiter already holds the lock. A grant that arrives
-//! before its waiter registered (the release came between the waiter's
-//! attempt and its registration) is kept for it a moment. A waiter that
-//! gave up sends a release for its owner id itself, which takes it out of
-//! the queue or passes the lock on; a grant that nobody claims within
-//! [`ORPHAN_AFTER`] anyway (that release failed, or the queue kept an entry
-//! of an attempt whose answer was lost) is released by its client, so the
-//! lock never waits out a lease for nobody.
+//! message names its owner id and lands in that request's mailbox
+//! (`claims.rs`), whatever the request is doing then. Nobody else is
+//! woken; the waiter already holds the lock.
 //!
 //! Waiters that do not queue (Redlock) are woken instead: a release
 //! message wakes one waiter of the client, not all of them, since only one
@@ -24,28 +18,11 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
 
-use std::time::{Duration, Instant};
+use crate::claims::{self, Grant, Mailbox};
+use crate::key::LockName;
 
 /// Called with a channel nobody waits on any more.
 pub(crate) type OnIdle = Arc<dyn Fn(Arc<str>) + Send + Sync>;
-
-/// A lock handed over by a release.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Grant {
-    pub(crate) fence: u64,
-    /// When the release handed it over: its lease counts from there.
-    pub(crate) at: Stamp,
-}
-
-/// When a hand-off happened.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Stamp {
-    /// On the Redis server's clock, in ms; and when its message arrived
-    /// here (the hand-off was no later than that).
-    ServerMs(u64, tokio::time::Instant),
-    /// On this process's clock.
-    Local(tokio::time::Instant),
-}
 
 /// Why a parked waiter woke.
 #[derive(Debug)]
@@ -57,21 +34,9 @@ pub(crate) enum Woken {
     Retry,
 }
 
-/// How long a grant nobody claimed is kept for a waiter about to register
-/// before it is released.
-pub(crate) const ORPHAN_AFTER: Duration = Duration::from_secs(1);
-
-/// How long an owner that got its lock by asking again is remembered, for
-/// a grant message of the same hand-off that may still come.
-const SETTLED_FOR: Duration = Duration::from_secs(60);
-
 #[derive(Default)]
 pub(crate) struct Wakeups {
     slots: Mutex<HashMap<Arc<str>, Slot>>,
-    /// Grants that arrived before their waiter registered, by owner id.
-    unclaimed: Mutex<HashMap<Arc<str>, (Grant, Instant)>>,
-    /// Owners holding a lock that a grant message may still name.
-    settled: Mutex<HashMap<Arc<str>, Instant>>,
     on_idle: Option<OnIdle>,
     /// Releases are no longer published where this registry listens.
     retired: AtomicBool,
@@ -85,14 +50,6 @@ struct Slot {
     /// SUBSCRIBEs sent whose confirmation has not come back: a
     /// confirmation is not a resubscription after a reconnect.
     confirming: u32,
-    /// Queued waiters by owner id.
-    mailboxes: HashMap<Arc<str>, Arc<Mailbox>>,
-}
-
-#[derive(Default)]
-struct Mailbox {
-    grant: Mutex<Option<Grant>>,
-    arrived: Notify,
 }
 
 impl Wakeups {
@@ -103,8 +60,9 @@ impl Wakeups {
         }
     }
 
-    /// Register a waiter (with `owner`, one that may be handed the lock);
-    /// says whether the channel still needs subscribing.
+    /// Register a waiter (with `owner`, a request that may be handed the
+    /// lock: its grants land in that request's mailbox); says whether the
+    /// channel still needs subscribing.
     pub(crate) fn join(
         self: &Arc<Self>,
         channel: &Arc<str>,
@@ -116,21 +74,11 @@ impl Wakeups {
             waiters: 0,
             ready: false,
             confirming: 0,
-            mailboxes: HashMap::new(),
         });
         slot.waiters += 1;
-        let mailbox = owner.map(|o| {
-            let m = Arc::new(Mailbox::default());
-            if let Some((g, _)) = self.unclaimed.lock().unwrap().remove(o) {
-                *m.grant.lock().unwrap() = Some(g);
-                m.arrived.notify_one();
-            }
-            slot.mailboxes.insert(o.clone(), m.clone());
-            (o.clone(), m)
-        });
         let waiter = Waiter {
             wake: slot.wake.clone(),
-            mailbox,
+            mailbox: owner.and_then(|o| claims::mailbox(o)),
             channel: channel.clone(),
             registry: self.clone(),
             woken: false,
@@ -189,48 +137,11 @@ impl Wakeups {
             .sum()
     }
 
-    /// Hand `grant` to the waiter queued as `owner`; false if there is
-    /// none.
-    pub(crate) fn deliver(&self, channel: &str, owner: &str, grant: Grant) -> bool {
-        let slots = self.slots.lock().unwrap();
-        let Some(m) = slots.get(channel).and_then(|s| s.mailboxes.get(owner)) else {
-            return false;
-        };
-        *m.grant.lock().unwrap() = Some(grant);
-        m.arrived.notify_one();
-        true
-    }
-
-    /// A grant message from Redis: to its waiter, else kept for it a
-    /// moment, else released.
-    pub(crate) fn granted(self: &Arc<Self>, channel: &str, owner: &str, grant: Grant) {
-        if self.deliver(channel, owner, grant) {
-            return;
+    /// A grant message heard on the grant `channel` of a lock.
+    pub(crate) fn granted(&self, channel: &str, owner: &str, grant: Grant) {
+        if let Some(name) = LockName::of_grant_channel(channel) {
+            claims::granted(name, owner, grant);
         }
-        if self.settled.lock().unwrap().remove(owner).is_some() {
-            // Its owner asked again and holds the lock already.
-            return;
-        }
-        let owner: Arc<str> = owner.into();
-        self.unclaimed
-            .lock()
-            .unwrap()
-            .insert(owner.clone(), (grant, Instant::now()));
-        crate::client::unclaimed_grant(self.clone(), channel, owner);
-    }
-
-    /// The grant kept for `owner`, if nobody claimed it since.
-    pub(crate) fn take_unclaimed(&self, owner: &str) -> bool {
-        self.unclaimed.lock().unwrap().remove(owner).is_some()
-    }
-
-    /// `owner` holds its lock through an attempt of its own: a grant
-    /// message for it that comes later is no orphan.
-    pub(crate) fn settle(&self, owner: &Arc<str>) {
-        let now = Instant::now();
-        let mut settled = self.settled.lock().unwrap();
-        settled.retain(|_, at| now.duration_since(*at) < SETTLED_FOR);
-        settled.insert(owner.clone(), now);
     }
 
     pub(crate) fn notify(&self, channel: &str) {
@@ -281,14 +192,11 @@ impl Wakeups {
         }
     }
 
-    fn leave(&self, channel: &Arc<str>, owner: Option<&Arc<str>>) {
+    fn leave(&self, channel: &Arc<str>) {
         let idle = {
             let mut slots = self.slots.lock().unwrap();
             match slots.get_mut(channel) {
                 Some(slot) => {
-                    if let Some(o) = owner {
-                        slot.mailboxes.remove(o);
-                    }
                     slot.waiters -= 1;
                     slot.waiters == 0
                 }
@@ -334,8 +242,8 @@ impl Drop for Subscribing<'_> {
 /// One task waiting for a lock.
 pub(crate) struct Waiter {
     wake: Arc<Notify>,
-    /// Queued waiters: the owner id and where its grant lands.
-    mailbox: Option<(Arc<str>, Arc<Mailbox>)>,
+    /// Queued waiters: where the request's grant lands.
+    mailbox: Option<Arc<Mailbox>>,
     channel: Arc<str>,
     registry: Arc<Wakeups>,
     /// Picked by a wake-up and not yet [`consumed`](Waiter::consumed).
@@ -348,14 +256,14 @@ impl Waiter {
     /// that), and so does one whose waiter is dropped before it is
     /// consumed.
     pub(crate) async fn released(&mut self) -> Woken {
-        let Some((_, mailbox)) = &self.mailbox else {
+        let Some(mailbox) = &self.mailbox else {
             self.wake.notified().await;
             self.woken = true;
             return Woken::Retry;
         };
         let mailbox = mailbox.clone();
         loop {
-            if let Some(g) = mailbox.grant.lock().unwrap().take() {
+            if let Some(g) = mailbox.take() {
                 return Woken::Granted(g);
             }
             tokio::select! {
@@ -365,17 +273,6 @@ impl Waiter {
                     self.woken = true;
                     return Woken::Retry;
                 }
-            }
-        }
-    }
-
-    /// This waiter's owner holds the lock through an attempt of its own
-    /// (answered `Repeated` after a hand-off): a grant message for it that
-    /// is still on its way must not be released as an orphan.
-    pub(crate) fn settle(&self) {
-        if let Some((owner, m)) = &self.mailbox {
-            if m.grant.lock().unwrap().take().is_none() {
-                self.registry.settle(owner);
             }
         }
     }
@@ -399,8 +296,7 @@ impl Drop for Waiter {
             // of this client may take the lock instead.
             self.registry.notify(&self.channel);
         }
-        let owner = self.mailbox.as_ref().map(|(o, _)| o);
-        self.registry.leave(&self.channel, owner);
+        self.registry.leave(&self.channel);
     }
 }
 
@@ -475,18 +371,22 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_grant_reaches_its_owner_only() {
+    async fn a_grant_wakes_the_waiter_of_its_request_only() {
         use std::time::Duration;
         let reg = registry();
-        let ch: Arc<str> = "lock:{k}:granted:c1".into();
-        let (a_owner, b_owner): (Arc<str>, Arc<str>) = ("c1:1".into(), "c1:2".into());
+        let id: Arc<str> = "wake-t1".into();
+        let claims = crate::claims::Claims::register(&id, Box::new(|_, _| {}));
+        let ch: Arc<str> = "lock:{k}:granted:wake-t1".into();
+        let (a_owner, b_owner): (Arc<str>, Arc<str>) = ("wake-t1:1".into(), "wake-t1:2".into());
+        let (_a_claim, b_claim) = (claims.open(&a_owner), claims.open(&b_owner));
         let (mut a, _) = reg.join(&ch, Some(&a_owner));
-        let (mut b, _) = reg.join(&ch, Some(&b_owner));
         let grant = Grant {
             fence: 7,
-            at: Stamp::ServerMs(1, tokio::time::Instant::now()),
+            at: crate::claims::Stamp::ServerMs(1, tokio::time::Instant::now()),
         };
-        assert!(reg.deliver(&ch, "c1:2", grant));
+        // Heard before b registered a waiter: kept in b's request.
+        reg.granted(&ch, "wake-t1:2", grant);
+        let (mut b, _) = reg.join(&ch, Some(&b_owner));
         match tokio::time::timeout(Duration::from_secs(5), b.released()).await {
             Ok(Woken::Granted(g)) => assert_eq!(g, grant),
             other => panic!("the owner was not handed its grant: {other:?}"),
@@ -497,25 +397,6 @@ mod tests {
                 .is_err(),
             "a grant woke a waiter it did not name"
         );
-        assert!(!reg.deliver(&ch, "c1:9", grant), "a grant found a stranger");
-    }
-
-    #[tokio::test]
-    async fn a_grant_before_its_waiter_registered_is_kept_for_it() {
-        use std::time::Duration;
-        let reg = registry();
-        let ch: Arc<str> = "lock:{k}:granted:c1".into();
-        let grant = Grant {
-            fence: 3,
-            at: Stamp::ServerMs(1, tokio::time::Instant::now()),
-        };
-        reg.granted(&ch, "c1:1", grant);
-        let owner: Arc<str> = "c1:1".into();
-        let (mut w, _) = reg.join(&ch, Some(&owner));
-        match tokio::time::timeout(Duration::from_secs(5), w.released()).await {
-            Ok(Woken::Granted(g)) => assert_eq!(g, grant),
-            other => panic!("the early grant was lost: {other:?}"),
-        }
-        assert!(reg.unclaimed.lock().unwrap().is_empty());
+        drop(b_claim);
     }
 }

@@ -6,7 +6,7 @@
 //! many locks sends one request per tick, not one per lock.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -36,7 +36,8 @@ struct Shared {
     next_id: AtomicU64,
     /// Numbers ticks from 1 (0: an entry no tick has sent yet).
     next_tick: AtomicU64,
-    started: std::sync::Once,
+    /// The task that renews (see [`Watchdog::start`]).
+    task: Mutex<Task>,
     /// The client is gone: the task ends.
     closed: AtomicBool,
 }
@@ -57,23 +58,67 @@ struct Entry {
     slot: (u64, u32),
 }
 
-/// Set once, when the watchdog gives a lock up. A flag and a `Notify`
-/// rather than a `watch` channel: it is allocated for every held lock, and
-/// a `watch` channel is several times its size.
+/// Which task renews, and where it runs. The in-memory client's task runs
+/// on a caller's runtime: when that runtime shuts down (one
+/// `#[tokio::test]` ends, the client lives on in the next), the task is
+/// dropped with it and started again where the client is used.
+#[derive(Default)]
+struct Task {
+    /// Numbers the tasks started; a task whose number is not the latest
+    /// ends.
+    generation: u64,
+    running: bool,
+    /// It has begun to run. One that has not may sit on a runtime that is
+    /// going away: a hold taken meanwhile starts another.
+    polled: bool,
+    /// It runs where no caller's runtime was (the fallback thread): the
+    /// next hold taken inside a runtime moves it there.
+    stray: bool,
+}
+
+/// Set once, when the watchdog gives a lock up: why, and the waiters. An
+/// atomic and a `Notify` rather than a `watch` channel: it is allocated for
+/// every held lock, and a `watch` channel is several times its size.
 #[derive(Default)]
 struct LostSignal {
-    lost: AtomicBool,
+    /// 0 held, else an [`Ended`] as `u8`.
+    ended: AtomicU8,
+    /// `max_hold` in ms (0: none), for the error that reports it.
+    max_hold_ms: AtomicU32,
     notify: Notify,
+}
+
+/// Why the watchdog gave a hold up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ended {
+    /// Redis no longer had it, or its lease ran out unrenewed.
+    Lost = 1,
+    /// It was held for its `max_hold`: renewals stopped on purpose.
+    MaxHold = 2,
 }
 
 impl LostSignal {
     fn set(&self) {
-        self.lost.store(true, Ordering::Release);
+        self.end(Ended::Lost);
+    }
+
+    fn end(&self, why: Ended) {
+        let _ = self
+            .ended
+            .compare_exchange(0, why as u8, Ordering::AcqRel, Ordering::Acquire);
         self.notify.notify_waiters();
     }
 
     fn is_set(&self) -> bool {
-        self.lost.load(Ordering::Acquire)
+        self.ended.load(Ordering::Acquire) != 0
+    }
+
+    fn why(&self) -> Option<Ended> {
+        match self.ended.load(Ordering::Acquire) {
+            0 => None,
+            2 => Some(Ended::MaxHold),
+            _ => Some(Ended::Lost),
+        }
     }
 }
 
@@ -93,6 +138,14 @@ pub(crate) struct Held {
 impl Held {
     pub(crate) fn is_lost(&self) -> bool {
         self.lost.is_set()
+    }
+
+    /// Why the hold ended, if the watchdog ended it; with `max_hold` when
+    /// it was held that long.
+    pub(crate) fn ended(&self) -> Option<(Ended, Option<Duration>)> {
+        let why = self.lost.why()?;
+        let ms = self.lost.max_hold_ms.load(Ordering::Relaxed);
+        Some((why, (ms > 0).then(|| Duration::from_millis(u64::from(ms)))))
     }
 
     /// Resolves when the lock is lost; never, if it is released first.
@@ -141,7 +194,7 @@ impl Watchdog {
                 wake: Notify::new(),
                 next_id: AtomicU64::new(1),
                 next_tick: AtomicU64::new(1),
-                started: std::sync::Once::new(),
+                task: Mutex::default(),
                 closed: AtomicBool::new(false),
             }),
         }
@@ -171,12 +224,20 @@ impl Watchdog {
     ) -> Held {
         let valid = renewal.lease.saturating_sub(drift);
         let key: EntryKey = (renewal.name.hash.clone(), renewal.owner.clone());
+        let lost = LostSignal::default();
+        if let Some(u) = until {
+            let max_hold = u.saturating_duration_since(granted_at).as_millis();
+            lost.max_hold_ms.store(
+                u32::try_from(max_hold).unwrap_or(u32::MAX),
+                Ordering::Relaxed,
+            );
+        }
         let entry = Entry {
             id: self.shared.next_id.fetch_add(1, Ordering::Relaxed),
             next_due: granted_at + interval(renewal.lease),
             deadline: granted_at + valid,
             until,
-            lost: Arc::default(),
+            lost: Arc::new(lost),
             renewal,
             slot: (0, 0),
         };
@@ -240,10 +301,55 @@ impl Watchdog {
         self.shared.entries.lock().unwrap().len()
     }
 
+    /// Make sure a task renews: the first hold starts it. On the caller's
+    /// runtime (the in-memory client) it is started again when the runtime
+    /// it ran on has gone away, and moved from the fallback thread into
+    /// the caller's runtime once there is one.
     fn start(&self, io: &Io, backend: &Arc<Backend>) {
-        self.shared.started.call_once(|| {
-            io.spawn(run(self.shared.clone(), backend.clone()));
-        });
+        let here = io.is_caller() && tokio::runtime::Handle::try_current().is_ok();
+        let mut task = self.shared.task.lock().unwrap();
+        if task.running && task.polled && !(task.stray && here) {
+            return;
+        }
+        task.generation += 1;
+        task.running = true;
+        task.polled = false;
+        task.stray = io.is_caller() && !here;
+        let generation = task.generation;
+        drop(task);
+        // A task being replaced sees the new generation and ends.
+        self.shared.wake.notify_waiters();
+        io.spawn(run(self.shared.clone(), backend.clone(), generation));
+    }
+}
+
+/// Marks the task stopped when it ends or is dropped with its runtime; if
+/// locks are still held then, a new task takes over at once (on the
+/// fallback thread, until a hold moves it to a caller's runtime).
+struct Running {
+    shared: Arc<Shared>,
+    backend: Arc<Backend>,
+    generation: u64,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let mut task = self.shared.task.lock().unwrap();
+        if task.generation != self.generation {
+            return;
+        }
+        task.running = false;
+        let orphaned = !self.shared.closed.load(Ordering::Acquire)
+            && !self.shared.entries.lock().unwrap().is_empty();
+        if orphaned {
+            task.generation += 1;
+            task.running = true;
+            task.polled = false;
+            task.stray = true;
+            let generation = task.generation;
+            drop(task);
+            Io::caller().spawn(run(self.shared.clone(), self.backend.clone(), generation));
+        }
     }
 }
 
@@ -254,10 +360,29 @@ impl Drop for Watchdog {
     }
 }
 
-async fn run(shared: Arc<Shared>, backend: Arc<Backend>) {
+async fn run(shared: Arc<Shared>, backend: Arc<Backend>, generation: u64) {
+    let _running = Running {
+        shared: shared.clone(),
+        backend: backend.clone(),
+        generation,
+    };
+    {
+        let mut task = shared.task.lock().unwrap();
+        if task.generation == generation {
+            task.polled = true;
+            // On the fallback thread (moved there when the runtime it was
+            // spawned on shut down before it ran): a hold taken in a
+            // runtime brings it back to one.
+            task.stray |= crate::io::on_fallback();
+        }
+    }
     loop {
         let notified = shared.wake.notified();
-        if shared.closed.load(Ordering::Acquire) {
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if shared.closed.load(Ordering::Acquire)
+            || shared.task.lock().unwrap().generation != generation
+        {
             return;
         }
         let next = {
@@ -291,8 +416,8 @@ async fn tick(shared: &Shared, backend: &Backend) {
             // `max_hold` reached: renewals stop, and the hold is over.
             let left = e.until.map(|u| u.saturating_duration_since(now));
             if left.is_some_and(|l| l < Duration::from_millis(1)) {
-                tracing::warn!(key = %e.renewal.name.key, "lock held for its max_hold: renewals stop and the hold counts as lost");
-                e.lost.set();
+                tracing::warn!(key = %e.renewal.name.key, "lock held for its max_hold: renewals stop and the hold ends");
+                e.lost.end(Ended::MaxHold);
                 ended.push(key.clone());
                 continue;
             }

@@ -49,10 +49,27 @@
 //!
 //! **Fences.** Per key and *epoch* (the span between two restarts that wiped
 //! Redis; an acquisition whose attempt straddles one is left out): no two
-//! acquisitions share a fence, and an acquisition that returned before
-//! another one was even attempted has the lower fence (real-time order).
-//! How often return order and fence order differ is counted, not judged: a
-//! reply that was delayed or paused arrives late with an older token.
+//! writers share a fence, and no holder's token is below that of a holder
+//! whose acquisition came back before its own did. Tokens follow grant
+//! order in Redis (a writer's is above every earlier one, readers get the
+//! current one), so the holder with the older token was granted first; the
+//! later grant needed that lock gone (a writer's, or readers' behind a
+//! writer with the newer token), so the older holder's body started after
+//! its own lock had ended: a body run without its lock, also when the two
+//! never overlapped. A reader may share the token of the writer before it
+//! (it was granted after that writer); a writer never shares the token of
+//! readers that came back before it. Excused, and counted: the late holder
+//! was paused (SIGSTOP) between its call and its acquisition, the lease
+//! limit that fencing covers (a delayed reply is no excuse: a grant that
+//! comes back after its lease ran out must not be reported held).
+//!
+//! **Calls.** Every lock call records its `wait`, and how long it took. A
+//! backend error before the deadline is a failure with budget left (the
+//! call should have tried again), as is a `Timeout` while no other call on
+//! the key could have held the lock in Redis at any point of the wait, or
+//! an error no lock call should return. A call that ends more than one
+//! `op_timeout` (the attempt in flight at the deadline) plus slop past its
+//! deadline overran it, unless its process was paused meanwhile.
 //!
 //! **Held across a wipe.** A confirmed holder whose interval spans a wiping
 //! restart: the library said it held a lock that Redis had lost.
@@ -86,7 +103,10 @@ pub fn now_ns() -> u64 {
 /// What a client did or was told.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
-    Attempt,
+    /// A lock call starts, with the `wait` it was given.
+    Attempt {
+        wait_ms: u64,
+    },
     Acquired {
         fence: u64,
     },
@@ -94,10 +114,16 @@ pub enum Kind {
     AcquiredRead {
         fence: u64,
     },
-    /// `LockError::Timeout`: the lock stayed busy for the whole wait.
-    Timeout,
-    /// Any other acquire error.
-    Failed,
+    /// `LockError::Timeout`: the lock stayed busy for the whole wait; how
+    /// long the call took.
+    Timeout {
+        waited_ms: u64,
+    },
+    /// Any other acquire error: how long the call took, and what it was.
+    Failed {
+        waited_ms: u64,
+        error: Failure,
+    },
     /// The holder starts a long stretch of work (a target for SIGSTOP).
     Hold {
         ms: u64,
@@ -126,6 +152,32 @@ pub enum Kind {
     BodyEnd,
 }
 
+/// What kind of error a failed lock call returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// `LockError::Backend`: Redis unreachable, no answer, a script error.
+    Backend,
+    /// Anything else (an error no lock call here should return).
+    Other,
+}
+
+impl Failure {
+    fn word(self) -> &'static str {
+        match self {
+            Failure::Backend => "backend",
+            Failure::Other => "other",
+        }
+    }
+
+    fn parse(word: &str) -> Option<Failure> {
+        match word {
+            "backend" => Some(Failure::Backend),
+            "other" => Some(Failure::Other),
+            _ => None,
+        }
+    }
+}
+
 /// One recorded event.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Event {
@@ -140,11 +192,11 @@ impl Event {
     /// `H <t> <proc> <op> <key> <kind> [args]`; keys have no whitespace.
     pub fn to_line(&self) -> String {
         let (name, a, b) = match self.kind {
-            Kind::Attempt => ("attempt", None, None),
+            Kind::Attempt { wait_ms } => ("attempt", Some(wait_ms), None),
             Kind::Acquired { fence } => ("acquired", Some(fence), None),
             Kind::AcquiredRead { fence } => ("acquired_read", Some(fence), None),
-            Kind::Timeout => ("timeout", None, None),
-            Kind::Failed => ("failed", None, None),
+            Kind::Timeout { waited_ms } => ("timeout", Some(waited_ms), None),
+            Kind::Failed { waited_ms, .. } => ("failed", Some(waited_ms), None),
             Kind::Hold { ms } => ("hold", Some(ms), None),
             Kind::Write { fence } => ("write", Some(fence), None),
             Kind::WriteOk { fence } => ("write_ok", Some(fence), None),
@@ -166,6 +218,9 @@ impl Event {
         for n in [a, b].into_iter().flatten() {
             let _ = write!(s, " {n}");
         }
+        if let Kind::Failed { error, .. } = self.kind {
+            let _ = write!(s, " {}", error.word());
+        }
         s
     }
 
@@ -180,13 +235,21 @@ impl Event {
         let op = it.next()?.parse().ok()?;
         let key = it.next()?.to_owned();
         let name = it.next()?;
-        let mut num = || it.next().and_then(|n| n.parse::<u64>().ok());
+        let args: Vec<&str> = it.collect();
+        let mut at = 0;
+        let mut num = || {
+            at += 1;
+            args.get(at - 1).and_then(|n| n.parse::<u64>().ok())
+        };
         let kind = match name {
-            "attempt" => Kind::Attempt,
+            "attempt" => Kind::Attempt { wait_ms: num()? },
             "acquired" => Kind::Acquired { fence: num()? },
             "acquired_read" => Kind::AcquiredRead { fence: num()? },
-            "timeout" => Kind::Timeout,
-            "failed" => Kind::Failed,
+            "timeout" => Kind::Timeout { waited_ms: num()? },
+            "failed" => Kind::Failed {
+                waited_ms: num()?,
+                error: Failure::parse(args.get(1)?)?,
+            },
             "hold" => Kind::Hold { ms: num()? },
             "write" => Kind::Write { fence: num()? },
             "write_ok" => Kind::WriteOk { fence: num()? },
@@ -294,6 +357,20 @@ pub enum FaultKind {
     ProxyBlackhole,
     ProxyRefuse,
     ProxyCut,
+    /// One command connection's replies come `ms` late for a spell, while
+    /// every other connection (subscriptions too) stays fast.
+    ProxySlowSpell {
+        ms: u64,
+    },
+    /// An acquire's reply is lost, and the connection that sends it again
+    /// gets its replies `ms` late (past the client's orphan-grant timer).
+    ProxyLateRepeat {
+        ms: u64,
+    },
+    /// The transport sends a command again, `after_ms` after the first.
+    ProxyResend {
+        after_ms: u64,
+    },
     /// The proxy passes traffic again.
     ProxyHeal,
     /// A worker exited on its own.
@@ -313,6 +390,9 @@ impl FaultKind {
             FaultKind::ProxyBlackhole => "proxy black hole",
             FaultKind::ProxyRefuse => "proxy refuse",
             FaultKind::ProxyCut => "proxy cut",
+            FaultKind::ProxySlowSpell { .. } => "slow spell, one connection",
+            FaultKind::ProxyLateRepeat { .. } => "reply lost, repeat answered late",
+            FaultKind::ProxyResend { .. } => "command re-sent by the transport",
             FaultKind::Cont
             | FaultKind::RedisUp { .. }
             | FaultKind::ProxyHeal
@@ -353,6 +433,10 @@ pub struct CheckConfig {
     pub lease: Duration,
     /// How late a loss notice may arrive (scheduling on a loaded machine).
     pub slop: Duration,
+    /// The clients' operation timeout: a lock call may end at most this
+    /// (plus `slop`) after its wait ran out, for the attempt in flight.
+    /// `None`: overruns are not judged.
+    pub op_timeout: Option<Duration>,
 }
 
 /// How the library left a holder at the end of its interval.
@@ -419,9 +503,29 @@ pub struct Report {
     /// Overlaps excused, by reason: (count, longest overlap in ns).
     pub excused: BTreeMap<&'static str, (u64, u64)>,
     pub fence_duplicates: Vec<String>,
+    /// Holders whose token is below that of a holder whose acquisition
+    /// came back before theirs did: their own grant was gone before their
+    /// body started (see the module docs).
     pub fence_out_of_order: Vec<String>,
-    /// Acquisitions that returned after one with a higher fence.
+    /// The same, excused: the late holder's process was paused between
+    /// its call and its acquisition (lease semantics; fencing stops it).
     pub return_order_inversions: u64,
+    /// Lock calls that failed although their `wait` had time left: a
+    /// backend error before the deadline, a `Timeout` while nobody could
+    /// have held the lock, or an error no lock call here should return.
+    pub failed_with_budget: Vec<String>,
+    /// Lock calls that ended more than one `op_timeout` (plus slop) after
+    /// their deadline.
+    pub overruns: Vec<String>,
+    /// The longest any call took past its deadline (ns), pauses excluded.
+    pub max_overrun_ns: u64,
+    /// Backend errors at the deadline while other calls may have held the
+    /// key: counted, not judged (the call cannot be shown to have seen the
+    /// lock busy), though a lock seen busy throughout is a `Timeout`.
+    pub backend_errors_while_busy: u64,
+    /// Each double holder, fence-order violation, failed call and
+    /// overrun, with the ops involved.
+    pub culprits: Vec<Culprit>,
     pub held_across_wipe: Vec<String>,
     /// Intervals with no end and no death: a worker forgot to record.
     pub unterminated: Vec<String>,
@@ -448,8 +552,239 @@ pub struct Report {
     pub extra: Vec<(String, String)>,
 }
 
+/// One violation and the ops (process, op) involved, for [`trace`].
+#[derive(Debug, Clone)]
+pub struct Culprit {
+    pub kind: &'static str,
+    pub what: String,
+    pub ops: Vec<(u32, u64)>,
+}
+
 fn ms(ns: u64) -> f64 {
     ns as f64 / 1e6
+}
+
+fn holder_kind(i: &Interval) -> &'static str {
+    if i.shared {
+        "reader"
+    } else {
+        "writer"
+    }
+}
+
+/// How a lock call itself ended.
+#[derive(Debug, Clone, Copy)]
+enum CallEnd {
+    Acquired,
+    Timeout,
+    Failed(Failure),
+}
+
+/// One lock call: what it was given, how it ended, and how long its owner
+/// may have held the lock in Redis.
+#[derive(Debug, Clone)]
+struct Call {
+    proc_id: u32,
+    op: u64,
+    key: String,
+    attempt: u64,
+    wait_ns: u64,
+    /// When the call returned, how long it said it took, and how it ended;
+    /// `None`: its process died first.
+    end: Option<(u64, u64, CallEnd)>,
+    /// Until then, from its attempt on, Redis may have held the lock for
+    /// this call's owner: its last event (or its process's death), plus a
+    /// lease unless its release came back `Ok`.
+    may_hold_until: u64,
+}
+
+fn call_of(
+    (proc_id, op): (u32, u64),
+    key: &str,
+    evs: &[&Event],
+    killed: Option<u64>,
+    lease_ns: u64,
+) -> Option<Call> {
+    let (attempt, wait_ms) = evs.iter().find_map(|e| match e.kind {
+        Kind::Attempt { wait_ms } => Some((e.t, wait_ms)),
+        _ => None,
+    })?;
+    let end = evs.iter().find_map(|e| match e.kind {
+        Kind::Acquired { .. } | Kind::AcquiredRead { .. } => {
+            Some((e.t, e.t.saturating_sub(attempt), CallEnd::Acquired))
+        }
+        Kind::Timeout { waited_ms } => Some((e.t, waited_ms * 1_000_000, CallEnd::Timeout)),
+        Kind::Failed { waited_ms, error } => {
+            Some((e.t, waited_ms * 1_000_000, CallEnd::Failed(error)))
+        }
+        _ => None,
+    });
+    let finished = evs.iter().any(|e| {
+        matches!(
+            e.kind,
+            Kind::Released
+                | Kind::ReleaseLost
+                | Kind::ReleaseFailed
+                | Kind::Timeout { .. }
+                | Kind::Failed { .. }
+                | Kind::BodyEnd
+                | Kind::Lost
+        )
+    });
+    let mut last = evs.last().map_or(attempt, |e| e.t);
+    if let Some(k) = killed.filter(|&k| !finished && k >= attempt) {
+        last = last.max(k);
+    }
+    let confirmed = evs.iter().any(|e| e.kind == Kind::Released);
+    Some(Call {
+        proc_id,
+        op,
+        key: key.to_owned(),
+        attempt,
+        wait_ns: wait_ms * 1_000_000,
+        end,
+        may_hold_until: last + if confirmed { 0 } else { lease_ns },
+    })
+}
+
+/// Lock calls that failed with time left, and calls that overran their
+/// deadline.
+///
+/// A backend error before the deadline is a failure with budget left: the
+/// call should have tried again. So is a `Timeout` when no other call on
+/// the key could have held the lock at any point of the wait (every other
+/// call counts as a possible holder from its attempt to its end, plus a
+/// lease unless its release was confirmed; so does a command re-sent by
+/// the transport, for a lease after it ran). A call may end at most one
+/// `op_timeout` after its deadline (the attempt in flight then), plus
+/// slop; a call whose process was paused meanwhile is not judged.
+fn check_calls(
+    r: &mut Report,
+    calls: &[Call],
+    faults: &[Fault],
+    cfg: &CheckConfig,
+    paused_between: &dyn Fn(u32, u64, u64) -> bool,
+) {
+    let slop = cfg.slop.as_nanos() as u64;
+    let lease = cfg.lease.as_nanos() as u64;
+    let resent: Vec<(u64, u64)> = faults
+        .iter()
+        .filter_map(|f| match f.kind {
+            FaultKind::ProxyResend { after_ms } => {
+                Some((f.t.saturating_sub(after_ms * 1_000_000), f.t + lease))
+            }
+            _ => None,
+        })
+        .collect();
+    let mut by_key: HashMap<&str, Vec<&Call>> = HashMap::new();
+    for c in calls {
+        by_key.entry(&c.key).or_default().push(c);
+    }
+    for c in calls {
+        let Some((end, waited, how)) = c.end else {
+            continue;
+        };
+        let what = format!(
+            "key {}: proc {} op {} {} after {:.0} ms of a {:.0} ms wait",
+            c.key,
+            c.proc_id,
+            c.op,
+            match how {
+                CallEnd::Acquired => "acquired",
+                CallEnd::Timeout => "timed out",
+                CallEnd::Failed(Failure::Backend) => "failed with a backend error",
+                CallEnd::Failed(Failure::Other) => "failed with an unexpected error",
+            },
+            ms(waited),
+            ms(c.wait_ns)
+        );
+        let busy = || {
+            by_key[c.key.as_str()].iter().any(|o| {
+                (o.proc_id, o.op) != (c.proc_id, c.op)
+                    && o.attempt <= end
+                    && o.may_hold_until >= c.attempt
+            }) || resent
+                .iter()
+                .any(|&(from, to)| from <= end && to >= c.attempt)
+        };
+        let failed = match how {
+            CallEnd::Acquired => None,
+            CallEnd::Failed(Failure::Other) => Some("no lock call here may fail so"),
+            CallEnd::Failed(Failure::Backend) if waited + slop < c.wait_ns => {
+                Some("its wait had time left")
+            }
+            CallEnd::Failed(Failure::Backend) => {
+                r.backend_errors_while_busy += u64::from(busy());
+                None
+            }
+            CallEnd::Timeout => (!busy()).then_some("nobody could have held the lock meanwhile"),
+        };
+        if let Some(why) = failed {
+            let m = format!("{what}: {why}");
+            r.failed_with_budget.push(m.clone());
+            r.culprits.push(Culprit {
+                kind: "failed with budget left",
+                what: m,
+                ops: vec![(c.proc_id, c.op)],
+            });
+        }
+        if paused_between(c.proc_id, c.attempt, end) {
+            continue;
+        }
+        let over = waited.saturating_sub(c.wait_ns);
+        r.max_overrun_ns = r.max_overrun_ns.max(over);
+        if let Some(op_timeout) = cfg.op_timeout {
+            if over > op_timeout.as_nanos() as u64 + slop {
+                let m = format!(
+                    "{what}: {:.0} ms past its deadline (op_timeout {op_timeout:?})",
+                    ms(over)
+                );
+                r.overruns.push(m.clone());
+                r.culprits.push(Culprit {
+                    kind: "past its deadline",
+                    what: m,
+                    ops: vec![(c.proc_id, c.op)],
+                });
+            }
+        }
+    }
+}
+
+/// The events of the given ops and the faults between their first and
+/// last event, one line each, times in ms from the first: what a
+/// violation looked like.
+pub fn trace(history: &History, ops: &[(u32, u64)]) -> String {
+    let mut evs: Vec<&Event> = history
+        .events
+        .iter()
+        .filter(|e| ops.contains(&(e.proc_id, e.op)))
+        .collect();
+    evs.sort_by_key(|e| e.t);
+    let (Some(first), Some(last)) = (evs.first().map(|e| e.t), evs.last().map(|e| e.t)) else {
+        return String::new();
+    };
+    let mut lines: Vec<(u64, String)> = evs
+        .iter()
+        .map(|e| {
+            let line = e.to_line();
+            let rest = line.splitn(6, ' ').nth(5).unwrap_or("");
+            (
+                e.t,
+                format!("proc {} op {} {}: {rest}", e.proc_id, e.op, e.key),
+            )
+        })
+        .collect();
+    for f in &history.faults {
+        if f.t >= first && f.t <= last && f.kind.label().is_some() {
+            lines.push((f.t, format!("fault {:?}", f.kind)));
+        }
+    }
+    lines.sort_by_key(|(t, _)| *t);
+    let mut out = String::new();
+    for (t, l) in lines {
+        let _ = writeln!(out, "    {:>9.1} ms  {l}", ms(t - first));
+    }
+    out
 }
 
 /// Check a history; see the module docs for the rules.
@@ -528,10 +863,21 @@ pub fn check(history: &History, cfg: &CheckConfig) -> Report {
     }
     let mut intervals: HashMap<String, Vec<Interval>> = HashMap::new();
     let mut writes: HashMap<String, Vec<WriteRec>> = HashMap::new();
+    let mut calls: Vec<Call> = Vec::new();
     for ((p, op), mut evs) in ops {
         evs.sort_by_key(|e| e.t);
         let key = evs[0].key.clone();
-        let attempt = evs.iter().find(|e| e.kind == Kind::Attempt).map(|e| e.t);
+        let attempt = evs
+            .iter()
+            .find(|e| matches!(e.kind, Kind::Attempt { .. }))
+            .map(|e| e.t);
+        calls.extend(call_of(
+            (p, op),
+            &key,
+            &evs,
+            kills.get(&p).copied(),
+            lease_ns,
+        ));
         let mut acquired = None;
         let mut shared = false;
         let mut end: Option<(u64, Confirm, bool)> = None;
@@ -540,7 +886,7 @@ pub fn check(history: &History, cfg: &CheckConfig) -> Report {
         let mut op_writes = Vec::new();
         for e in &evs {
             match e.kind {
-                Kind::Attempt => r.attempts += 1,
+                Kind::Attempt { .. } => r.attempts += 1,
                 Kind::Acquired { fence } => {
                     r.acquisitions += 1;
                     acquired = Some((e.t, fence));
@@ -551,8 +897,8 @@ pub fn check(history: &History, cfg: &CheckConfig) -> Report {
                     acquired = Some((e.t, fence));
                     shared = true;
                 }
-                Kind::Timeout => r.timeouts += 1,
-                Kind::Failed => r.failures += 1,
+                Kind::Timeout { .. } => r.timeouts += 1,
+                Kind::Failed { .. } => r.failures += 1,
                 Kind::Hold { .. } => {}
                 Kind::Write { fence } => pending.push((e.t, fence)),
                 Kind::WriteOk { fence }
@@ -656,6 +1002,8 @@ pub fn check(history: &History, cfg: &CheckConfig) -> Report {
         }
     }
 
+    check_calls(&mut r, &calls, &faults, cfg, &paused_between);
+
     // Double holders.
     let excuse = |h: &Interval, o_start: u64| -> Option<&'static str> {
         if h.confirm == Confirm::Confirmed {
@@ -694,10 +1042,18 @@ pub fn check(history: &History, cfg: &CheckConfig) -> Report {
                         e.0 += 1;
                         e.1 = e.1.max(overlap);
                     }
-                    None => r.double_holders.push(format!(
-                        "key {key}: proc {} op {} (fence {}, {:?}) and proc {} op {} (fence {}, {:?}) both held it for {:.1} ms",
-                        a.proc_id, a.op, a.fence, a.confirm, b.proc_id, b.op, b.fence, b.confirm, ms(overlap)
-                    )),
+                    None => {
+                        let m = format!(
+                            "key {key}: proc {} op {} (fence {}, {:?}) and proc {} op {} (fence {}, {:?}) both held it for {:.1} ms",
+                            a.proc_id, a.op, a.fence, a.confirm, b.proc_id, b.op, b.fence, b.confirm, ms(overlap)
+                        );
+                        r.double_holders.push(m.clone());
+                        r.culprits.push(Culprit {
+                            kind: "double holder",
+                            what: m,
+                            ops: vec![(a.proc_id, a.op), (b.proc_id, b.op)],
+                        });
+                    }
                 }
             }
             active.push(b);
@@ -741,33 +1097,60 @@ pub fn check(history: &History, cfg: &CheckConfig) -> Report {
                     ));
                 }
             }
-            r.return_order_inversions +=
-                acq.windows(2).filter(|w| w[1].fence < w[0].fence).count() as u64;
-            // prefix max of fences in return order
-            let mut prefix: Vec<(u64, u64, usize)> = Vec::with_capacity(acq.len());
-            let mut best = (0u64, 0usize);
-            for (idx, i) in acq.iter().enumerate() {
-                if i.fence >= best.0 {
-                    best = (i.fence, idx);
-                }
-                prefix.push((i.start, best.0, best.1));
-            }
+            // Token order is grant order in Redis: a writer's token is above
+            // every earlier one, a reader's is the current one. So a
+            // holder whose token is below one that came back before its
+            // own did was granted first, and that later grant (a writer's,
+            // or the readers' behind a writer) needed its lock gone: its
+            // body started without its lock. A reader of a writer's token
+            // was granted after that writer; a writer sharing readers'
+            // token, never. Only a pause of the late holder excuses it.
+            let rank = |i: &Interval| (i.fence, u8::from(i.shared));
+            let mut best: Option<&Interval> = None;
+            let mut k = 0;
             for b in &acq {
-                // Acquisitions that had returned before b was attempted.
-                let n = prefix.partition_point(|&(start, _, _)| start < b.attempt);
-                if n == 0 {
+                // Every acquisition that came back before b's did.
+                while k < acq.len() && acq[k].start < b.start {
+                    if best.is_none_or(|m| rank(acq[k]) >= rank(m)) {
+                        best = Some(acq[k]);
+                    }
+                    k += 1;
+                }
+                let Some(a) = best.filter(|a| rank(a) > rank(b)) else {
+                    continue;
+                };
+                if paused_between(b.proc_id, b.attempt, b.start) {
+                    r.return_order_inversions += 1;
                     continue;
                 }
-                // A writer's token is above every token handed out before
-                // it was attempted; a reader's is at least as high.
-                let (_, max_fence, idx) = prefix[n - 1];
-                if max_fence > b.fence || (max_fence == b.fence && !b.shared) {
-                    let a = acq[idx];
-                    r.fence_out_of_order.push(format!(
-                        "key {key}: proc {} op {} got fence {} after proc {} op {} had returned with fence {}",
-                        b.proc_id, b.op, b.fence, a.proc_id, a.op, a.fence
-                    ));
+                let m = format!(
+                    "key {key}: proc {} op {} ({}) got fence {} {:.0} ms after asking, {:.0} ms after proc {} op {} ({}) had come back with fence {} (newer by {}): its grant was gone before its body started",
+                    b.proc_id,
+                    b.op,
+                    holder_kind(b),
+                    b.fence,
+                    ms(b.start - b.attempt),
+                    ms(b.start - a.start),
+                    a.proc_id,
+                    a.op,
+                    holder_kind(a),
+                    a.fence,
+                    a.fence - b.fence,
+                );
+                r.fence_out_of_order.push(m.clone());
+                let mut ops = vec![(b.proc_id, b.op), (a.proc_id, a.op)];
+                // A reader's newer token is a writer's: show that writer.
+                if let Some(w) = acq
+                    .iter()
+                    .find(|w| a.shared && !w.shared && w.fence == a.fence)
+                {
+                    ops.push((w.proc_id, w.op));
                 }
+                r.culprits.push(Culprit {
+                    kind: "fence order",
+                    what: m,
+                    ops,
+                });
             }
         }
         // A killed holder's key: how soon did anyone get it again?
@@ -849,10 +1232,12 @@ impl Report {
     /// Everything that breaks the lock's or the store's promises.
     pub fn violations(&self) -> Vec<String> {
         let mut v = Vec::new();
-        let groups: [(&str, &Vec<String>); 7] = [
+        let groups: [(&str, &Vec<String>); 9] = [
             ("double holder", &self.double_holders),
             ("fence duplicate", &self.fence_duplicates),
             ("fence order", &self.fence_out_of_order),
+            ("failed with budget left", &self.failed_with_budget),
+            ("past its deadline", &self.overruns),
             ("held across a wipe", &self.held_across_wipe),
             ("unterminated interval", &self.unterminated),
             ("stale write accepted", &self.stale_accepted),
@@ -948,11 +1333,27 @@ impl Report {
         row(
             "fence violations",
             format!(
-                "{} (duplicates {}, out of real-time order {}; late replies with older tokens {})",
+                "{} (duplicates {}, below an earlier holder's {}; older tokens after a pause, excused: {})",
                 self.fence_duplicates.len() + self.fence_out_of_order.len(),
                 self.fence_duplicates.len(),
                 self.fence_out_of_order.len(),
                 self.return_order_inversions
+            ),
+        );
+        row(
+            "failed calls with budget left",
+            format!(
+                "{} (backend errors at the deadline of a wait on a key others held: {})",
+                self.failed_with_budget.len(),
+                self.backend_errors_while_busy
+            ),
+        );
+        row(
+            "calls past deadline + op_timeout",
+            format!(
+                "{} (longest past the deadline: {:.0} ms)",
+                self.overruns.len(),
+                ms(self.max_overrun_ns)
             ),
         );
         row(
@@ -1030,6 +1431,9 @@ mod tests {
 
     const MS: u64 = 1_000_000;
 
+    /// A lock call with a 2 s wait.
+    const ASK: Kind = Kind::Attempt { wait_ms: 2000 };
+
     fn ev(t: u64, p: u32, op: u64, kind: Kind) -> Event {
         Event {
             t: t * MS,
@@ -1042,7 +1446,7 @@ mod tests {
 
     fn held(p: u32, op: u64, from: u64, to: u64, fence: u64, end: Kind) -> Vec<Event> {
         vec![
-            ev(from - 1, p, op, Kind::Attempt),
+            ev(from - 1, p, op, ASK),
             ev(from, p, op, Kind::Acquired { fence }),
             ev(to, p, op, Kind::Releasing),
             ev(to + 1, p, op, end),
@@ -1053,19 +1457,32 @@ mod tests {
         CheckConfig {
             lease: Duration::from_millis(1000),
             slop: Duration::from_millis(100),
+            op_timeout: Some(Duration::from_millis(500)),
+        }
+    }
+
+    fn h(events: Vec<Event>) -> History {
+        History {
+            events,
+            faults: vec![],
         }
     }
 
     #[test]
     fn lines_round_trip() {
         for kind in [
-            Kind::Attempt,
+            ASK,
             Kind::Acquired { fence: 7 },
             Kind::WriteRejected {
                 fence: 3,
                 highest: 9,
             },
             Kind::BodyEnd,
+            Kind::Timeout { waited_ms: 2001 },
+            Kind::Failed {
+                waited_ms: 12,
+                error: Failure::Backend,
+            },
         ] {
             let e = Event {
                 t: 12,
@@ -1099,7 +1516,7 @@ mod tests {
 
     fn read(p: u32, op: u64, from: u64, to: u64, fence: u64) -> Vec<Event> {
         vec![
-            ev(from - 1, p, op, Kind::Attempt),
+            ev(from - 1, p, op, ASK),
             ev(from, p, op, Kind::AcquiredRead { fence }),
             ev(to, p, op, Kind::Releasing),
             ev(to + 1, p, op, Kind::Released),
@@ -1207,5 +1624,247 @@ mod tests {
             1,
             "400 ms late is not latency: {r:?}"
         );
+    }
+
+    /// A holder that asked at `ask`, came back at `from` with `fence`, and
+    /// released at `to` (confirmed).
+    fn asked(p: u32, ask: u64, from: u64, to: u64, fence: u64) -> Vec<Event> {
+        vec![
+            ev(ask, p, 1, ASK),
+            ev(from, p, 1, Kind::Acquired { fence }),
+            ev(to, p, 1, Kind::Releasing),
+            ev(to + 1, p, 1, Kind::Released),
+        ]
+    }
+
+    fn asked_read(p: u32, ask: u64, from: u64, to: u64, fence: u64) -> Vec<Event> {
+        let mut v = asked(p, ask, from, to, fence);
+        v[1].kind = Kind::AcquiredRead { fence };
+        v
+    }
+
+    /// The shape the outside nemesis saw: B asks, C asks later and gets
+    /// the lock, works and releases; then B's late reply says it holds
+    /// the lock with an older token. No overlap, and B asked before C came
+    /// back (so real-time order alone misses it), yet B's grant had to be
+    /// gone before C's: B's body ran without its lock.
+    #[test]
+    fn a_token_below_an_earlier_holders_is_a_body_without_its_lock() {
+        let mut events = asked(1, 0, 10, 90, 1_000_000);
+        events.extend(asked(2, 100, 1650, 1700, 1_200_000));
+        events.extend(asked(3, 200, 300, 400, 2_360_000));
+        let r = check(&h(events), &cfg());
+        assert!(r.double_holders.is_empty(), "{:?}", r.double_holders);
+        assert_eq!(r.fence_out_of_order.len(), 1, "{r:?}");
+        assert!(
+            r.fence_out_of_order[0].contains("proc 2 op 1 (writer) got fence 1200000"),
+            "{}",
+            r.fence_out_of_order[0]
+        );
+        assert_eq!(r.culprits.len(), 1);
+        assert_eq!(r.culprits[0].ops, vec![(2, 1), (3, 1)]);
+        assert_eq!(r.violations().len(), 1);
+        // Its trace names both holders, in time order.
+        let tr = trace(
+            &h(asked(2, 100, 1650, 1700, 1)
+                .into_iter()
+                .chain(asked(3, 200, 300, 400, 2))
+                .collect()),
+            &r.culprits[0].ops,
+        );
+        let first = tr.lines().next().unwrap();
+        assert!(first.contains("proc 2 op 1 k: attempt 2000"), "{tr}");
+        assert_eq!(tr.lines().count(), 8, "{tr}");
+    }
+
+    /// A reader that came back before a writer with its token: readers get
+    /// the current token, so they were granted after that writer, whose
+    /// hold had to end first.
+    #[test]
+    fn a_writer_sharing_the_token_of_readers_before_it_is_flagged() {
+        let mut events = asked(1, 0, 10, 20, 5);
+        events.extend(asked_read(2, 30, 40, 50, 7));
+        events.extend(asked(3, 25, 60, 70, 7));
+        let r = check(&h(events), &cfg());
+        assert_eq!(r.fence_out_of_order.len(), 1, "{r:?}");
+        assert!(r.fence_out_of_order[0].starts_with("key k: proc 3 op 1 (writer)"));
+    }
+
+    #[test]
+    fn near_misses_of_the_token_order_are_not_flagged() {
+        // Asked together, came back in token order.
+        let mut events = asked(1, 0, 10, 20, 5);
+        events.extend(asked(2, 0, 30, 40, 6));
+        // Readers of the writer's token, in any return order, one of them
+        // asking before the writer came back.
+        events.extend(asked_read(3, 35, 50, 60, 6));
+        events.extend(asked_read(4, 5, 45, 65, 6));
+        // A reader at the current token while a writer waits; then that
+        // writer, with a newer one.
+        events.extend(asked_read(5, 50, 55, 66, 6));
+        events.extend(asked(6, 52, 70, 80, 9));
+        let r = check(&h(events.clone()), &cfg());
+        assert!(r.violations().is_empty(), "{:?}", r.violations());
+        assert_eq!(r.return_order_inversions, 0);
+
+        // An older token after a pause of its holder between its call and
+        // its acquisition: excused (lease semantics), and counted.
+        let mut paused = events.clone();
+        paused.extend(asked(7, 90, 2000, 2010, 8));
+        paused.extend(asked(8, 95, 100, 110, 10));
+        let faults = vec![
+            Fault {
+                t: 95 * MS,
+                proc_id: Some(7),
+                kind: FaultKind::Stop,
+            },
+            Fault {
+                t: 1900 * MS,
+                proc_id: Some(7),
+                kind: FaultKind::Cont,
+            },
+        ];
+        let r = check(
+            &History {
+                events: paused.clone(),
+                faults,
+            },
+            &cfg(),
+        );
+        assert!(
+            r.fence_out_of_order.is_empty(),
+            "{:?}",
+            r.fence_out_of_order
+        );
+        assert_eq!(r.return_order_inversions, 1);
+        // Unpaused, the same is a violation.
+        assert_eq!(check(&h(paused), &cfg()).fence_out_of_order.len(), 1);
+
+        // A lower token after Redis restarted empty: another epoch.
+        let mut wiped = events;
+        wiped.extend(asked(9, 200, 210, 220, 1));
+        let faults = vec![
+            Fault {
+                t: 150 * MS,
+                proc_id: None,
+                kind: FaultKind::RedisDown { wipe: true },
+            },
+            Fault {
+                t: 160 * MS,
+                proc_id: None,
+                kind: FaultKind::RedisUp { wipe: true },
+            },
+        ];
+        let r = check(
+            &History {
+                events: wiped,
+                faults,
+            },
+            &cfg(),
+        );
+        assert!(r.violations().is_empty(), "{:?}", r.violations());
+    }
+
+    /// A call that asked at `from` with `wait_ms` and ended at `to` so.
+    fn call(p: u32, from: u64, to: u64, wait_ms: u64, end: Option<Failure>) -> Vec<Event> {
+        let waited_ms = to - from;
+        vec![
+            ev(from, p, 1, Kind::Attempt { wait_ms }),
+            ev(
+                to,
+                p,
+                1,
+                match end {
+                    Some(error) => Kind::Failed { waited_ms, error },
+                    None => Kind::Timeout { waited_ms },
+                },
+            ),
+        ]
+    }
+
+    #[test]
+    fn calls_that_fail_with_time_left_are_flagged() {
+        // A backend error 1.5 s into a 2 s wait, and one at the deadline.
+        let early = call(1, 0, 1500, 2000, Some(Failure::Backend));
+        let at_deadline = call(2, 0, 2050, 2000, Some(Failure::Backend));
+        let r = check(&h(early), &cfg());
+        assert_eq!(r.failed_with_budget.len(), 1, "{r:?}");
+        assert!(r.failed_with_budget[0].contains("after 1500 ms of a 2000 ms wait"));
+        let r = check(&h(at_deadline.clone()), &cfg());
+        assert!(r.violations().is_empty(), "{:?}", r.violations());
+        assert_eq!(r.backend_errors_while_busy, 0);
+        // At the deadline while another call held the key: counted, not
+        // judged.
+        let mut busy = at_deadline;
+        busy.extend(asked(5, 100, 150, 1900, 1));
+        let r = check(&h(busy), &cfg());
+        assert!(r.violations().is_empty(), "{:?}", r.violations());
+        assert_eq!(r.backend_errors_while_busy, 1);
+        // Any other error.
+        let other = call(3, 0, 10, 2000, Some(Failure::Other));
+        assert_eq!(check(&h(other), &cfg()).failed_with_budget.len(), 1);
+
+        // A time-out with nobody else on the key; then one while a holder
+        // held it, and one while a call whose release was never confirmed
+        // may still have held it (a lease after its end).
+        let alone = call(4, 1000, 3000, 2000, None);
+        assert_eq!(check(&h(alone.clone()), &cfg()).failed_with_budget.len(), 1);
+        let mut busy = alone.clone();
+        busy.extend(asked(5, 900, 950, 3500, 1));
+        assert!(check(&h(busy), &cfg()).violations().is_empty());
+        let mut maybe = alone;
+        maybe.extend(held(6, 1, 10, 500, 1, Kind::ReleaseFailed));
+        assert!(check(&h(maybe.clone()), &cfg())
+            .failed_with_budget
+            .is_empty());
+        // ... but not once that lease is over.
+        maybe
+            .iter_mut()
+            .filter(|e| e.proc_id == 4)
+            .for_each(|e| e.t += 600 * MS);
+        assert_eq!(check(&h(maybe), &cfg()).failed_with_budget.len(), 1);
+    }
+
+    #[test]
+    fn calls_past_their_deadline_by_more_than_an_op_timeout_are_flagged() {
+        // 2 s wait, 500 ms op_timeout, 100 ms slop: up to 2.6 s is fine.
+        let late = call(1, 0, 2700, 2000, Some(Failure::Backend));
+        let r = check(&h(late.clone()), &cfg());
+        assert_eq!(r.overruns.len(), 1, "{r:?}");
+        assert_eq!(r.max_overrun_ns, 700 * MS);
+        assert!(
+            check(&h(call(1, 0, 2550, 2000, Some(Failure::Backend))), &cfg())
+                .violations()
+                .is_empty()
+        );
+        // An acquisition counts as well.
+        let mut slow = vec![ev(0, 2, 1, ASK)];
+        slow.extend(
+            held(2, 1, 2800, 2900, 1, Kind::Released)
+                .into_iter()
+                .skip(1),
+        );
+        assert_eq!(check(&h(slow), &cfg()).overruns.len(), 1);
+        // Paused meanwhile: not judged.
+        let faults = vec![
+            Fault {
+                t: 100 * MS,
+                proc_id: Some(1),
+                kind: FaultKind::Stop,
+            },
+            Fault {
+                t: 1600 * MS,
+                proc_id: Some(1),
+                kind: FaultKind::Cont,
+            },
+        ];
+        let r = check(
+            &History {
+                events: late,
+                faults,
+            },
+            &cfg(),
+        );
+        assert!(r.overruns.is_empty(), "{:?}", r.overruns);
     }
 }

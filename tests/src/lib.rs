@@ -10,11 +10,13 @@ pub mod cluster;
 pub mod fenced;
 pub mod global;
 pub mod history;
+pub mod operations;
 pub mod proxy;
 pub mod read_write;
 pub mod reply_loss;
 pub mod semantics;
 pub mod sentinel;
+pub mod tls;
 
 /// A `redis-server` owned by one test (or one test binary).
 pub struct RedisServer {

@@ -12,10 +12,25 @@
 //! | [`Mode::Blackhole`] | held open, nothing read or forwarded; when the mode ends, what was sent meanwhile is delivered | accepted, then silent |
 //! | [`Mode::Refuse`] | closed | closed at once (as if Redis were down) |
 //!
+//! | [`Mode::DelayReplies`] | replies (Redis -> client) delivered `d` late, requests at once | same |
+//!
 //! [`Proxy::cut`] closes every open connection once and leaves the mode as
 //! it is. [`Proxy::lose_reply_to`] arms a one-shot reply loss: the next
 //! command matching a pattern runs on Redis, but its reply is thrown away
 //! and the connection closed, so the client cannot know the outcome.
+//! [`Proxy::lose_replies`] does the same to a random share of the commands
+//! matching a pattern, until turned off.
+//!
+//! Faults on one connection while the others stay fast:
+//! [`Proxy::slow_connection_of`] makes the connection that sends the next
+//! matching command slow (its requests, its replies or both, by a fixed
+//! extra delay, order kept) until [`Proxy::end_slow_spell`]; and
+//! [`Proxy::resend`] plays a transport that sends a command again: a copy
+//! of the next matching command reaches Redis once more, later, on a
+//! connection of its own (its reply is read and thrown away).
+//! [`Proxy::spare_pubsub`] keeps every fault off subscription connections
+//! (those that sent a `SUBSCRIBE`), so grant messages stay fast while
+//! commands are slow or cut.
 //!
 //! The proxy runs on a thread and runtime of its own, so it keeps
 //! forwarding (and faulting) while the test's runtime is busy or blocked.
@@ -40,6 +55,9 @@ pub enum Mode {
     Drop,
     Blackhole,
     Refuse,
+    /// Replies (Redis -> client) delivered `d` after they were read;
+    /// requests forwarded at once.
+    DelayReplies(Duration),
 }
 
 /// Counters, for the figures a test prints.
@@ -52,6 +70,10 @@ pub struct ProxyStats {
     pub bytes_forwarded: u64,
     pub bytes_dropped: u64,
     pub replies_lost: u64,
+    /// Connections made slow by [`Proxy::slow_connection_of`].
+    pub slowed: u64,
+    /// Commands sent again by [`Proxy::resend`].
+    pub resent: u64,
 }
 
 struct Shared {
@@ -67,9 +89,83 @@ struct Shared {
     /// The armed reply-loss pattern; taken (under the lock) by the one
     /// connection it fires on.
     lose: Mutex<Option<Vec<u8>>>,
-    /// The mode to switch to when the armed loss fires.
-    then: Mutex<Option<Mode>>,
+    /// What happens once the armed loss fires.
+    then: Mutex<Option<Then>>,
+    /// Replies lost at random: to requests containing the pattern, this
+    /// share of them.
+    lose_share: Mutex<Option<(Vec<u8>, f64)>>,
     lost: AtomicU64,
+    /// Faults leave subscription connections alone.
+    spare_pubsub: AtomicBool,
+    /// The armed slow connection: pattern, extra delay of its requests and
+    /// of its replies.
+    slow: Mutex<Option<(Vec<u8>, Duration, Duration)>>,
+    /// Bumped by [`Proxy::end_slow_spell`]: a connection is slow while
+    /// its spell number is the current one.
+    spell: AtomicU64,
+    slowed: AtomicU64,
+    /// The armed re-send: pattern, and how long after the original.
+    resend: Mutex<Option<(Vec<u8>, Duration)>>,
+    /// How many re-sent copies reached Redis and were answered.
+    resent: watch::Sender<u64>,
+}
+
+/// What the proxy does once an armed reply loss fired.
+#[derive(Debug, Clone)]
+enum Then {
+    /// Switch to this mode.
+    Mode(Mode),
+    /// Make the next connection whose request contains the pattern slow
+    /// (see [`Proxy::slow_connection_of`]).
+    Slow(Vec<u8>, Duration, Duration),
+}
+
+/// Whether `chunk` contains `pattern` (an empty pattern matches anything).
+fn matches(chunk: &[u8], pattern: &[u8]) -> bool {
+    pattern.is_empty() || chunk.windows(pattern.len()).any(|w| w == pattern)
+}
+
+/// The first whole RESP command (an array of bulk strings, as clients send
+/// them) in `chunk` that contains `pattern`; the whole chunk if it cannot
+/// be split that way.
+fn command_with(chunk: &[u8], pattern: &[u8]) -> Vec<u8> {
+    fn line(b: &[u8], at: usize) -> Option<(usize, usize)> {
+        let end = at + b.get(at..)?.windows(2).position(|w| w == b"\r\n")?;
+        let n = std::str::from_utf8(&b[at + 1..end]).ok()?.parse().ok()?;
+        Some((n, end + 2))
+    }
+    let mut at = 0;
+    while at < chunk.len() {
+        let start = at;
+        if chunk[at] != b'*' {
+            break;
+        }
+        let Some((items, mut next)) = line(chunk, at) else {
+            break;
+        };
+        let mut whole = true;
+        for _ in 0..items {
+            match line(chunk, next) {
+                Some((len, body))
+                    if chunk.get(next) == Some(&b'$') && body + len + 2 <= chunk.len() =>
+                {
+                    next = body + len + 2;
+                }
+                _ => {
+                    whole = false;
+                    break;
+                }
+            }
+        }
+        if !whole {
+            break;
+        }
+        at = next;
+        if matches(&chunk[start..at], pattern) {
+            return chunk[start..at].to_vec();
+        }
+    }
+    chunk.to_vec()
 }
 
 impl Shared {
@@ -77,15 +173,46 @@ impl Shared {
     /// only one connection fires per arming.
     fn take_loss(&self, chunk: &[u8]) -> bool {
         let mut armed = self.lose.lock().unwrap();
-        let hit = match armed.as_deref() {
-            None => false,
-            Some([]) => true,
-            Some(p) => chunk.windows(p.len()).any(|w| w == p),
-        };
+        let hit = armed.as_deref().is_some_and(|p| matches(chunk, p));
         if hit {
             *armed = None;
         }
         hit
+    }
+
+    /// Whether `chunk` draws a random reply loss.
+    fn draws_loss(&self, chunk: &[u8]) -> bool {
+        let share = self.lose_share.lock().unwrap();
+        share
+            .as_ref()
+            .is_some_and(|(p, f)| matches(chunk, p) && fastrand::f64() < *f)
+    }
+
+    /// The extra delays (requests, replies) if `chunk` fires the armed
+    /// slow connection; disarms it if so.
+    fn take_slow(&self, chunk: &[u8]) -> Option<(Duration, Duration)> {
+        let mut armed = self.slow.lock().unwrap();
+        let (p, to_redis, to_client) = armed.as_ref()?;
+        if !matches(chunk, p) {
+            return None;
+        }
+        let out = (*to_redis, *to_client);
+        *armed = None;
+        self.slowed.fetch_add(1, Ordering::Relaxed);
+        Some(out)
+    }
+
+    /// The command to send again and when, if `chunk` fires the armed
+    /// re-send; disarms it if so.
+    fn take_resend(&self, chunk: &[u8]) -> Option<(Vec<u8>, Duration)> {
+        let mut armed = self.resend.lock().unwrap();
+        let (p, after) = armed.as_ref()?;
+        if !matches(chunk, p) {
+            return None;
+        }
+        let out = (command_with(chunk, p), *after);
+        *armed = None;
+        Some(out)
     }
 }
 
@@ -115,7 +242,14 @@ impl Proxy {
             dropped: AtomicU64::new(0),
             lose: Mutex::new(None),
             then: Mutex::new(None),
+            lose_share: Mutex::new(None),
             lost: AtomicU64::new(0),
+            spare_pubsub: AtomicBool::new(false),
+            slow: Mutex::new(None),
+            spell: AtomicU64::new(0),
+            slowed: AtomicU64::new(0),
+            resend: Mutex::new(None),
+            resent: watch::channel(0).0,
         });
         let (stop, stopped) = oneshot::channel();
         let sh = shared.clone();
@@ -198,19 +332,89 @@ impl Proxy {
     /// switches to `mode` (`Mode::Refuse`: the client cannot reconnect to
     /// learn the outcome either).
     pub fn lose_reply_to_then(&self, pattern: &[u8], mode: Mode) {
-        *self.shared.then.lock().unwrap() = Some(mode);
+        *self.shared.then.lock().unwrap() = Some(Then::Mode(mode));
         self.lose_reply_to(pattern);
+    }
+
+    /// Like [`Proxy::lose_reply_to`], and once the reply is lost, the
+    /// connection that next sends `pattern` (the client sending the
+    /// command again, say) is made slow as
+    /// [`slow_connection_of`](Self::slow_connection_of) says.
+    pub fn lose_reply_to_then_slow(&self, pattern: &[u8], to_redis: Duration, to_client: Duration) {
+        *self.shared.then.lock().unwrap() = Some(Then::Slow(pattern.to_vec(), to_redis, to_client));
+        self.lose_reply_to(pattern);
+    }
+
+    /// From now on, each request containing `pattern` (empty: any) loses
+    /// its reply with probability `share`, as
+    /// [`lose_reply_to`](Self::lose_reply_to) says: the command runs on
+    /// Redis, its reply is thrown away and the connection closed. Spared
+    /// subscription connections (see [`spare_pubsub`](Self::spare_pubsub))
+    /// keep their replies. A share of 0 turns this off. An armed one-shot
+    /// loss and its follow-up are not disturbed.
+    pub fn lose_replies(&self, pattern: &[u8], share: f64) {
+        *self.shared.lose_share.lock().unwrap() = (share > 0.0).then(|| (pattern.to_vec(), share));
     }
 
     /// Disarm without firing.
     pub fn disarm(&self) {
         *self.shared.lose.lock().unwrap() = None;
         *self.shared.then.lock().unwrap() = None;
+        *self.shared.resend.lock().unwrap() = None;
     }
 
     /// Whether an armed loss is still waiting for its command.
     pub fn armed(&self) -> bool {
         self.shared.lose.lock().unwrap().is_some()
+    }
+
+    /// From now on, faults (modes, cuts, slow connections) leave
+    /// subscription connections alone: a connection that sent a
+    /// `SUBSCRIBE` keeps passing bytes at once, and grant messages arrive
+    /// while commands are cut or slow. (A subscription connection made
+    /// while the proxy refuses connections is refused all the same.)
+    pub fn spare_pubsub(&self) {
+        self.shared.spare_pubsub.store(true, Ordering::Relaxed);
+    }
+
+    /// Arm a one-shot slow connection: the connection that next sends a
+    /// request containing `pattern` (empty: any command connection) delays
+    /// that request and every later one by `to_redis`, and every reply from
+    /// then on by `to_client`, order kept, until
+    /// [`end_slow_spell`](Self::end_slow_spell). Other connections, and
+    /// new ones, stay as fast as the mode says.
+    pub fn slow_connection_of(&self, pattern: &[u8], to_redis: Duration, to_client: Duration) {
+        *self.shared.slow.lock().unwrap() = Some((pattern.to_vec(), to_redis, to_client));
+    }
+
+    /// Every slow connection is fast again (bytes already delayed still
+    /// arrive when due); an armed one that never fired is disarmed.
+    pub fn end_slow_spell(&self) {
+        *self.shared.slow.lock().unwrap() = None;
+        self.shared.spell.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Arm a one-shot transport re-send: the next request containing
+    /// `pattern` is forwarded as usual, and `after` later a copy of that
+    /// command reaches Redis again on a connection of its own (as a
+    /// client that lost its connection sends it again on a new one); the
+    /// copy's reply is thrown away. See [`resent`](Self::resent).
+    pub fn resend(&self, pattern: &[u8], after: Duration) {
+        *self.shared.resend.lock().unwrap() = Some((pattern.to_vec(), after));
+    }
+
+    /// Whether an armed re-send is still waiting for its command.
+    pub fn resend_armed(&self) -> bool {
+        self.shared.resend.lock().unwrap().is_some()
+    }
+
+    /// Resolves once `n` re-sent copies ran on Redis (their replies came
+    /// back), or after `limit`; says whether they did.
+    pub async fn resent(&self, n: u64, limit: Duration) -> bool {
+        let mut rx = self.shared.resent.subscribe();
+        tokio::time::timeout(limit, rx.wait_for(|&k| k >= n))
+            .await
+            .is_ok_and(|r| r.is_ok())
     }
 
     /// How many replies were thrown away by [`Proxy::lose_reply_to`] since
@@ -229,6 +433,8 @@ impl Proxy {
             bytes_forwarded: s.forwarded.load(Ordering::Relaxed),
             bytes_dropped: s.dropped.load(Ordering::Relaxed),
             replies_lost: s.lost.load(Ordering::Relaxed),
+            slowed: s.slowed.load(Ordering::Relaxed),
+            resent: *s.resent.borrow(),
         }
     }
 }
@@ -272,6 +478,29 @@ async fn accept_loop(
     }
 }
 
+/// Send `command` to Redis on a connection of its own and read (and throw
+/// away) its reply: a transport's second send of a command.
+async fn send_again(command: Vec<u8>, after: Duration, upstream: u16, shared: Arc<Shared>) {
+    tokio::time::sleep(after).await;
+    let Ok(Ok(mut up)) = tokio::time::timeout(
+        Duration::from_secs(2),
+        TcpStream::connect(("127.0.0.1", upstream)),
+    )
+    .await
+    else {
+        return;
+    };
+    if up.write_all(&command).await.is_err() {
+        return;
+    }
+    let mut reply = [0u8; 512];
+    if let Ok(Ok(n)) = tokio::time::timeout(Duration::from_secs(5), up.read(&mut reply)).await {
+        if n > 0 {
+            shared.resent.send_modify(|k| *k += 1);
+        }
+    }
+}
+
 struct OpenGuard(Arc<Shared>);
 
 impl Drop for OpenGuard {
@@ -292,19 +521,51 @@ const LOSS_SENT: u8 = 2;
 struct Conn {
     poisoned: AtomicBool,
     loss: AtomicU8,
+    /// The pending loss is the armed one (not a random one): its
+    /// follow-up ([`Then`]) happens when it fires.
+    armed_loss: AtomicBool,
     /// Notified when a reply was lost: the connection closes at once.
     closed: Notify,
+    /// This connection sent a `SUBSCRIBE`.
+    pubsub: AtomicBool,
+    /// Slow during this spell (see [`Shared::spell`]; `u64::MAX`: never
+    /// made slow), by these extra delays in ms (requests, replies).
+    slow_spell: AtomicU64,
+    slow_to_redis: AtomicU64,
+    slow_to_client: AtomicU64,
 }
 
 impl Conn {
     /// Whether `chunk`, about to be forwarded to Redis, fires the armed
-    /// reply loss; one pending loss per connection at most.
+    /// reply loss or draws a random one; one pending loss per connection at
+    /// most.
     fn fires(&self, shared: &Shared, chunk: &[u8]) -> bool {
-        if self.loss.load(Ordering::SeqCst) != LOSS_NONE || !shared.take_loss(chunk) {
+        if self.loss.load(Ordering::SeqCst) != LOSS_NONE {
             return false;
         }
+        let armed = shared.take_loss(chunk);
+        if !armed && (self.spared(shared) || !shared.draws_loss(chunk)) {
+            return false;
+        }
+        self.armed_loss.store(armed, Ordering::SeqCst);
         self.loss.store(LOSS_QUEUED, Ordering::SeqCst);
         true
+    }
+
+    /// Whether faults leave this connection alone.
+    fn spared(&self, shared: &Shared) -> bool {
+        self.pubsub.load(Ordering::Relaxed) && shared.spare_pubsub.load(Ordering::Relaxed)
+    }
+
+    /// The extra delay of a chunk going `dir` now.
+    fn slowness(&self, shared: &Shared, dir: Dir) -> Duration {
+        if self.slow_spell.load(Ordering::SeqCst) != shared.spell.load(Ordering::SeqCst) {
+            return Duration::ZERO;
+        }
+        Duration::from_millis(match dir {
+            Dir::ToRedis => self.slow_to_redis.load(Ordering::SeqCst),
+            Dir::ToClient => self.slow_to_client.load(Ordering::SeqCst),
+        })
     }
 }
 
@@ -335,13 +596,25 @@ async fn serve(client: TcpStream, upstream: u16, shared: Arc<Shared>) {
     let conn = Arc::new(Conn {
         poisoned: AtomicBool::new(false),
         loss: AtomicU8::new(LOSS_NONE),
+        armed_loss: AtomicBool::new(false),
         closed: Notify::new(),
+        pubsub: AtomicBool::new(false),
+        slow_spell: AtomicU64::new(u64::MAX),
+        slow_to_redis: AtomicU64::new(0),
+        slow_to_client: AtomicU64::new(0),
     });
+    let cut = async {
+        loop {
+            if cuts.changed().await.is_err() || !conn.spared(&shared) {
+                return;
+            }
+        }
+    };
     tokio::select! {
-        _ = pipe(cr, uw, shared.clone(), conn.clone(), Dir::ToRedis) => {}
-        _ = pipe(ur, cw, shared.clone(), conn.clone(), Dir::ToClient) => {}
+        _ = pipe(cr, uw, shared.clone(), conn.clone(), Dir::ToRedis, upstream) => {}
+        _ = pipe(ur, cw, shared.clone(), conn.clone(), Dir::ToClient, upstream) => {}
         _ = conn.closed.notified() => {}
-        _ = cuts.changed() => {}
+        _ = cut => {}
     }
 }
 
@@ -359,6 +632,7 @@ async fn pipe(
     shared: Arc<Shared>,
     conn: Arc<Conn>,
     dir: Dir,
+    upstream: u16,
 ) {
     // Each chunk: when it is due, its bytes, and whether it fires a loss.
     let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, Vec<u8>, bool)>();
@@ -383,10 +657,15 @@ async fn pipe(
     let reader = async move {
         let mut mode_rx = shared.mode.subscribe();
         let mut buf = vec![0u8; 64 * 1024];
+        // What the mode means for this connection (a spared one passes).
+        let effective = |m: Mode, conn: &Conn| if conn.spared(&shared) { Mode::Pass } else { m };
         loop {
             // A black hole reads nothing: the bytes wait in the kernel.
-            let mode = match mode_rx.wait_for(|m| *m != Mode::Blackhole).await {
-                Ok(m) => *m,
+            let mode = match mode_rx
+                .wait_for(|m| effective(*m, &conn) != Mode::Blackhole)
+                .await
+            {
+                Ok(m) => effective(*m, &conn),
                 Err(_) => return,
             };
             if conn.poisoned.load(Ordering::Relaxed) && mode != Mode::Drop {
@@ -399,11 +678,20 @@ async fn pipe(
                 },
                 _ = mode_rx.changed() => continue,
             };
-            let mut mode = *mode_rx.borrow_and_update();
+            if dir == Dir::ToRedis
+                && !conn.pubsub.load(Ordering::Relaxed)
+                && matches(&buf[..n], b"SUBSCRIBE")
+            {
+                conn.pubsub.store(true, Ordering::Relaxed);
+            }
+            let mut mode = effective(*mode_rx.borrow_and_update(), &conn);
             if mode == Mode::Blackhole {
                 // Read just as the hole opened: hold the chunk until it closes.
-                mode = match mode_rx.wait_for(|m| *m != Mode::Blackhole).await {
-                    Ok(m) => *m,
+                mode = match mode_rx
+                    .wait_for(|m| effective(*m, &conn) != Mode::Blackhole)
+                    .await
+                {
+                    Ok(m) => effective(*m, &conn),
                     Err(_) => return,
                 };
             }
@@ -411,25 +699,50 @@ async fn pipe(
                 // Redis answered the matching request: lose the answer and
                 // hang up both ways.
                 shared.lost.fetch_add(1, Ordering::Relaxed);
-                if let Some(next) = shared.then.lock().unwrap().take() {
-                    shared.mode.send_replace(next);
+                let then = if conn.armed_loss.load(Ordering::SeqCst) {
+                    shared.then.lock().unwrap().take()
+                } else {
+                    None
+                };
+                match then {
+                    Some(Then::Mode(next)) => {
+                        shared.mode.send_replace(next);
+                    }
+                    Some(Then::Slow(p, to_redis, to_client)) => {
+                        *shared.slow.lock().unwrap() = Some((p, to_redis, to_client));
+                    }
+                    None => {}
                 }
                 conn.closed.notify_one();
                 return;
             }
             let chunk = buf[..n].to_vec();
+            if dir == Dir::ToRedis && !conn.spared(&shared) && mode != Mode::Drop {
+                if let Some((to_redis, to_client)) = shared.take_slow(&chunk) {
+                    conn.slow_to_redis
+                        .store(to_redis.as_millis() as u64, Ordering::SeqCst);
+                    conn.slow_to_client
+                        .store(to_client.as_millis() as u64, Ordering::SeqCst);
+                    conn.slow_spell
+                        .store(shared.spell.load(Ordering::SeqCst), Ordering::SeqCst);
+                }
+                if let Some((command, after)) = shared.take_resend(&chunk) {
+                    tokio::spawn(send_again(command, after, upstream, shared.clone()));
+                }
+            }
+            let delay = match mode {
+                Mode::Delay(d) => d,
+                Mode::DelayReplies(d) if dir == Dir::ToClient => d,
+                _ => Duration::ZERO,
+            } + conn.slowness(&shared, dir);
             match mode {
-                Mode::Pass | Mode::Refuse | Mode::Blackhole => {
-                    let fires = dir == Dir::ToRedis && conn.fires(&shared, &chunk);
-                    let _ = tx.send((Instant::now(), chunk, fires));
-                }
-                Mode::Delay(d) => {
-                    let fires = dir == Dir::ToRedis && conn.fires(&shared, &chunk);
-                    let _ = tx.send((Instant::now() + d, chunk, fires));
-                }
                 Mode::Drop => {
                     conn.poisoned.store(true, Ordering::Relaxed);
                     shared.dropped.fetch_add(n as u64, Ordering::Relaxed);
+                }
+                _ => {
+                    let fires = dir == Dir::ToRedis && conn.fires(&shared, &chunk);
+                    let _ = tx.send((Instant::now() + delay, chunk, fires));
                 }
             }
         }
@@ -601,5 +914,141 @@ mod tests {
         assert!(!p.armed());
         assert_eq!(incr(&mut c, "n").unwrap(), 6);
         assert_eq!(p.stats().replies_lost, 0);
+    }
+
+    #[test]
+    fn one_slow_connection_leaves_the_others_fast() {
+        let server = crate::RedisServer::start();
+        let p = Proxy::for_server(&server);
+        let mut fast = redis_conn(&p);
+        let mut slow = redis_conn(&p);
+        p.slow_connection_of(b"slow-key", Duration::ZERO, Duration::from_millis(400));
+        let t = std::time::Instant::now();
+        assert_eq!(incr(&mut slow, "slow-key").unwrap(), 1);
+        assert!(
+            t.elapsed() >= Duration::from_millis(400),
+            "{:?}",
+            t.elapsed()
+        );
+        // The command ran at once; only its reply was late.
+        let t = std::time::Instant::now();
+        assert_eq!(incr(&mut fast, "fast-key").unwrap(), 1);
+        assert!(
+            t.elapsed() < Duration::from_millis(400),
+            "the other connection was slow too"
+        );
+        // Still slow until the spell ends.
+        let t = std::time::Instant::now();
+        assert_eq!(incr(&mut slow, "slow-key").unwrap(), 2);
+        assert!(t.elapsed() >= Duration::from_millis(400));
+        p.end_slow_spell();
+        let t = std::time::Instant::now();
+        assert_eq!(incr(&mut slow, "slow-key").unwrap(), 3);
+        assert!(
+            t.elapsed() < Duration::from_millis(400),
+            "the spell did not end"
+        );
+        assert_eq!(p.stats().slowed, 1);
+    }
+
+    #[test]
+    fn a_resent_command_runs_twice_and_its_copy_answers_nobody() {
+        let server = crate::RedisServer::start();
+        let p = Proxy::for_server(&server);
+        let mut c = redis_conn(&p);
+        p.resend(b"twice", Duration::from_millis(50));
+        // Pipelined with another command: only the matching one is copied.
+        let (a, b): (i64, i64) = redis::pipe()
+            .cmd("INCR")
+            .arg("once")
+            .cmd("INCR")
+            .arg("twice")
+            .query(&mut c)
+            .unwrap();
+        assert_eq!((a, b), (1, 1));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        assert!(
+            rt.block_on(p.resent(1, Duration::from_secs(5))),
+            "no copy ran"
+        );
+        assert_eq!(server.cmd::<i64>(&["GET", "twice"]), 2);
+        assert_eq!(server.cmd::<i64>(&["GET", "once"]), 1);
+        // The client's own connection saw nothing of the copy.
+        assert_eq!(incr(&mut c, "once").unwrap(), 2);
+        assert_eq!(p.stats().resent, 1);
+    }
+
+    #[test]
+    fn spared_subscriptions_hear_messages_while_commands_are_cut() {
+        let server = crate::RedisServer::start();
+        let p = Proxy::for_server(&server);
+        p.spare_pubsub();
+        let client = redis::Client::open(p.url()).unwrap();
+        let mut sub = client
+            .get_connection_with_timeout(Duration::from_secs(5))
+            .unwrap();
+        let mut pubsub = sub.as_pubsub();
+        pubsub.subscribe("chan").unwrap();
+        pubsub
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let mut cmd = redis_conn(&p);
+        p.set(Mode::Refuse);
+        assert!(
+            incr(&mut cmd, "k").is_err(),
+            "a command connection survived Refuse"
+        );
+        let _: i64 = server.cmd(&["PUBLISH", "chan", "hello"]);
+        let msg = pubsub.get_message().expect("the subscription was cut");
+        assert_eq!(msg.get_payload::<String>().unwrap(), "hello");
+        p.set(Mode::Pass);
+    }
+
+    #[test]
+    fn replies_lost_at_random_ran_and_spare_subscriptions() {
+        let server = crate::RedisServer::start();
+        let p = Proxy::for_server(&server);
+        p.spare_pubsub();
+        // Every INCR (share 1): it runs, its reply is lost; other commands
+        // pass.
+        p.lose_replies(b"INCR", 1.0);
+        for i in 1..=3 {
+            let mut c = redis_conn(&p);
+            assert!(incr(&mut c, "k").is_err(), "a reply got through");
+            assert_eq!(server.cmd::<i64>(&["GET", "k"]), i, "INCR did not run");
+            let v: Option<String> = redis::cmd("GET")
+                .arg("k")
+                .query(&mut redis_conn(&p))
+                .unwrap();
+            assert_eq!(v.as_deref(), Some(i.to_string().as_str()));
+        }
+        assert_eq!(p.replies_lost(), 3);
+        // A subscription that matches is spared.
+        p.lose_replies(b"SUBSCRIBE", 1.0);
+        let client = redis::Client::open(p.url()).unwrap();
+        let mut sub = client
+            .get_connection_with_timeout(Duration::from_secs(5))
+            .unwrap();
+        let mut pubsub = sub.as_pubsub();
+        pubsub.subscribe("chan").unwrap();
+        pubsub
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let _: i64 = server.cmd(&["PUBLISH", "chan", "hello"]);
+        let msg = pubsub.get_message().expect("the subscription lost a reply");
+        assert_eq!(msg.get_payload::<String>().unwrap(), "hello");
+        // Turned off: INCR answers again, and an armed one-shot loss still
+        // fires once, with its follow-up.
+        p.lose_replies(b"INCR", 0.0);
+        let mut c = redis_conn(&p);
+        assert_eq!(incr(&mut c, "k").unwrap(), 4);
+        p.lose_reply_to_then(b"INCR", Mode::Refuse);
+        assert!(incr(&mut c, "k").is_err());
+        assert_eq!(p.mode(), Mode::Refuse);
+        p.set(Mode::Pass);
+        assert_eq!(p.replies_lost(), 4);
     }
 }

@@ -18,7 +18,7 @@ pub fn waiting(clients: &[LockClient], key: &str) -> usize {
     for c in clients {
         if !ids.contains(&c.id()) {
             ids.push(c.id());
-            sum += c.waiting(key);
+            sum += c.waiting_here(key);
         }
     }
     sum
@@ -30,7 +30,8 @@ fn busy<T: std::fmt::Debug>(r: Result<T, LockError>) -> bool {
 
 /// Readers on different clients hold the key together and see the same
 /// token; a writer is refused while any of them holds it, and gets a
-/// higher token once the last one left.
+/// higher token once the last one left; a reader after a writer has a
+/// token no lower than that writer's, and the next writer's is higher.
 pub async fn readers_share_and_a_writer_excludes_them(clients: &[LockClient]) {
     let key = crate::unique("rw-share");
     let (a, b) = (&clients[0], &clients[1 % clients.len()]);
@@ -39,13 +40,16 @@ pub async fn readers_share_and_a_writer_excludes_them(clients: &[LockClient]) {
     let token = r1.fence();
     assert_eq!(r2.fence(), token, "readers get the current token");
     assert!(
-        busy(a.write_lock(&key).await),
+        busy(a.write_lock(&key).wait(Duration::ZERO).await),
         "a writer got in beside readers"
     );
-    assert!(busy(b.lock(&key).await), "lock() is the write lock");
+    assert!(
+        busy(b.lock(&key).wait(Duration::ZERO).await),
+        "lock() is the write lock"
+    );
     r1.release().await.expect("first reader leaves");
     assert!(
-        busy(a.write_lock(&key).await),
+        busy(a.write_lock(&key).wait(Duration::ZERO).await),
         "a writer got in beside the remaining reader"
     );
     r2.release().await.expect("last reader leaves");
@@ -53,14 +57,27 @@ pub async fn readers_share_and_a_writer_excludes_them(clients: &[LockClient]) {
     assert!(w.fence() > token, "a writer's token is new");
     // A writer excludes readers, too.
     assert!(
-        busy(b.read_lock(&key).await),
+        busy(b.read_lock(&key).wait(Duration::ZERO).await),
         "a reader got in beside a writer"
     );
     let wt = w.fence();
     w.release().await.expect("writer leaves");
     let r3 = b.read_lock(&key).await.expect("reader after the writer");
-    assert_eq!(r3.fence(), wt, "a reader gets the last writer's token");
+    // The first reader of a read hold gets the current token floored at
+    // the server's clock, as a writer's is: never below the last writer's.
+    assert!(
+        r3.fence() >= wt,
+        "a reader's token {} is below the last writer's {wt}",
+        r3.fence()
+    );
+    let rt = r3.fence();
     r3.release().await.expect("reader leaves");
+    let w2 = a.write_lock(&key).await.expect("writer after the reader");
+    assert!(
+        w2.fence() > rt,
+        "the next writer's token is above the reader's"
+    );
+    w2.release().await.expect("writer leaves");
 }
 
 /// Once a writer waits, new readers queue behind it: with readers holding
@@ -236,7 +253,10 @@ pub async fn a_reader_is_renewed(client: &LockClient, other: &LockClient) {
     let lease = Duration::from_millis(600);
     let r = client.read_lock(&key).lease(lease).await.expect("reader");
     tokio::time::sleep(lease * 3).await;
-    assert!(busy(other.write_lock(&key).await), "the read hold lapsed");
+    assert!(
+        busy(other.write_lock(&key).wait(Duration::ZERO).await),
+        "the read hold lapsed"
+    );
     r.release().await.expect("still held at release");
 }
 
@@ -254,7 +274,7 @@ pub async fn dropped_read_requests_leave_nothing(clients: &[LockClient]) {
     let c = &clients[0];
     let ok = async {
         for _ in 0..200 {
-            match c.write_lock(&key).await {
+            match c.write_lock(&key).wait(Duration::ZERO).await {
                 Ok(g) => return Some(g),
                 Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
             }

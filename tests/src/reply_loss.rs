@@ -31,6 +31,10 @@ pub fn renew_sha() -> Vec<u8> {
     script_sha(include_str!("../../lock-runtime/scripts/renew.lua"))
 }
 
+pub fn renew_read_sha() -> Vec<u8> {
+    script_sha(include_str!("../../lock-runtime/scripts/renew_read.lua"))
+}
+
 /// Reads a lock's value (its owner id) on every node, directly.
 pub type Owners<'a> = Box<dyn Fn(&str) -> Vec<Option<String>> + Send + Sync + 'a>;
 

@@ -111,7 +111,7 @@ pub async fn waiter_woken_by_release(client: &LockClient) {
     let waiter = tokio::spawn(async move { c2.lock(&k2).wait(Duration::from_secs(10)).await });
     // Release only once the waiter is known to be waiting for the message.
     assert!(
-        crate::eventually(Duration::from_secs(5), || client.waiting(&key) == 1).await,
+        crate::eventually(Duration::from_secs(5), || client.waiting_here(&key) == 1).await,
         "the waiter never started waiting"
     );
     let released_at = Instant::now();

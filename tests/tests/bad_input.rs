@@ -229,7 +229,8 @@ async fn lock_once(
     key: impl Into<String>,
     lease: Option<Duration>,
 ) -> Result<(), LockError> {
-    let mut req = client.lock(key);
+    // Tries once, as the attribute cases (`wait = "0s"`) do.
+    let mut req = client.lock(key).wait(Duration::ZERO);
     if let Some(l) = lease {
         req = req.lease(l);
     }

@@ -3,8 +3,15 @@
 //! end. Bounded by default; the full run is
 //! `FAULT_FULL=1 cargo test -p tests --release --test fault_suite -- --nocapture`.
 //!
+//! Reply faults one client at a time (each client behind a proxy of its
+//! own, subscriptions spared): replies lost after their command ran, slow
+//! spells, an acquire's re-send answered past the orphan-grant timer,
+//! commands re-sent by the transport. `FAULT_SECS=n` sets how long those
+//! scenarios run (15 s bounded, 240 s with `FAULT_FULL=1`).
+//!
 //! Scenarios run one at a time (they share two CPU cores with everything
-//! else) and each prints its figures.
+//! else) and each prints its figures, and the first violation of each kind
+//! with a trace of the ops involved. `FAULT_DUMP=dir` keeps the histories.
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::IntoFuture;
@@ -21,8 +28,37 @@ use tests::history::{self, CheckConfig, Event, Fault, FaultKind, History, Kind, 
 use tests::proxy::{Mode, Proxy};
 use tests::{eventually, spawn_tied, unique, RedisServer};
 
-/// The lease of the fault workers (`fault_worker.rs`).
+/// The lease of the fault workers (`fault_worker.rs`) by default.
 const LEASE: Duration = Duration::from_secs(1);
+/// The workers' operation timeout (the client's default).
+const OP_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How the workers lock (`fault_worker`'s `SETTINGS`).
+#[derive(Debug, Clone, Copy)]
+struct Locking {
+    lease: Duration,
+    wait: Duration,
+    /// Of every 100 ops, this many take the read lock.
+    read_pct: u32,
+}
+
+impl Locking {
+    /// 1 s lease, 2 s wait, one op in four a reader.
+    const CLASSIC: Locking = Locking {
+        lease: LEASE,
+        wait: Duration::from_secs(2),
+        read_pct: 25,
+    };
+
+    fn arg(&self) -> String {
+        format!(
+            "lease_ms={},wait_ms={},read_pct={}",
+            self.lease.as_millis(),
+            self.wait.as_millis(),
+            self.read_pct
+        )
+    }
+}
 
 fn full() -> bool {
     std::env::var("FAULT_FULL").is_ok_and(|v| v != "0" && !v.is_empty())
@@ -91,11 +127,13 @@ struct Worker {
 }
 
 struct Fleet {
-    lock_url: String,
+    /// Worker `id` locks through `lock_urls[(id - 1) % len]`.
+    lock_urls: Vec<String>,
     store_url: String,
     keys: Vec<String>,
     tasks: usize,
     mode: &'static str,
+    locking: Locking,
     next_id: u32,
     workers: BTreeMap<u32, Worker>,
     events: Arc<Mutex<Vec<Event>>>,
@@ -106,18 +144,20 @@ struct Fleet {
 
 impl Fleet {
     fn new(
-        lock_url: String,
+        lock_urls: Vec<String>,
         store_url: String,
         keys: Vec<String>,
         tasks: usize,
         mode: &'static str,
+        locking: Locking,
     ) -> Fleet {
         Fleet {
-            lock_url,
+            lock_urls,
             store_url,
             keys,
             tasks,
             mode,
+            locking,
             next_id: 1,
             workers: BTreeMap::new(),
             events: Arc::default(),
@@ -135,13 +175,15 @@ impl Fleet {
         let id = self.next_id;
         self.next_id += 1;
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_fault_worker"));
+        let url = &self.lock_urls[(id as usize - 1) % self.lock_urls.len()];
         cmd.args([
-            &self.lock_url,
+            url,
             &self.store_url,
             &id.to_string(),
             &self.keys.join(","),
             &self.tasks.to_string(),
             self.mode,
+            &self.locking.arg(),
         ])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -354,23 +396,71 @@ enum Nemesis {
     Blackhole,
     Cut,
     Refuse,
+    /// One client's command traffic (its reconnections too) gets its
+    /// replies 1-2.5 s late for about 3 s; its subscriptions and every
+    /// other client stay fast.
+    SlowSpell,
+    /// An acquire's reply is lost, and the connection that sends it again
+    /// is slow: its requests reach Redis 0.2-0.6 s late (a release may hand
+    /// the lock over meanwhile), its replies come 1.1-1.25 s after that,
+    /// past the client's orphan-grant timer (`ORPHAN_AFTER`, 1 s) and
+    /// within the re-send's operation timeout; every other connection,
+    /// subscriptions included, stays fast.
+    ReplyPastOrphan,
+    /// The transport sends a lock command (acquire, release, renewal) again,
+    /// 0.1-1 s after the first, on a connection of its own.
+    Resend,
+}
+
+/// The SHA1s by which EVALSHA names the lock scripts a transport may send
+/// again.
+fn resendable_scripts() -> [Vec<u8>; 4] {
+    use tests::reply_loss::{acquire_sha, release_sha, renew_sha, script_sha};
+    [
+        acquire_sha(),
+        release_sha(),
+        renew_sha(),
+        script_sha(include_str!("../../lock-runtime/scripts/renew_read.lua")),
+    ]
+}
+
+/// Wait up to `limit` for `done`, checking every few ms.
+fn within(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    true
 }
 
 struct Scenario<'a> {
     fleet: Fleet,
     server: &'a mut RedisServer,
-    proxy: &'a Proxy,
+    /// Between the workers and Redis: one for all, or one per worker.
+    proxies: &'a [Proxy],
     /// The server comes back empty after a restart.
     wipes: bool,
 }
 
 impl Scenario<'_> {
+    /// A proxy picked at random: one client's, when each has its own.
+    fn some_proxy(&self) -> &Proxy {
+        &self.proxies[fastrand::usize(..self.proxies.len())]
+    }
+
     fn inject(&mut self, n: Nemesis) {
         let proxy_for = |s: &Self, mode: Mode, kind: FaultKind, d: Duration| {
             s.fleet.fault(None, kind);
-            s.proxy.set(mode);
+            for p in s.proxies {
+                p.set(mode);
+            }
             std::thread::sleep(d);
-            s.proxy.set(Mode::Pass);
+            for p in s.proxies {
+                p.set(Mode::Pass);
+            }
             s.fleet.fault(None, FaultKind::ProxyHeal);
         };
         match n {
@@ -417,7 +507,55 @@ impl Scenario<'_> {
             ),
             Nemesis::Cut => {
                 self.fleet.fault(None, FaultKind::ProxyCut);
-                self.proxy.cut();
+                for p in self.proxies {
+                    p.cut();
+                }
+            }
+            Nemesis::SlowSpell => {
+                let p = self.some_proxy();
+                let ms = fastrand::u64(1000..2500);
+                self.fleet.fault(None, FaultKind::ProxySlowSpell { ms });
+                p.set(Mode::DelayReplies(Duration::from_millis(ms)));
+                std::thread::sleep(rand_ms(2500, 3500));
+                p.set(Mode::Pass);
+                self.fleet.fault(None, FaultKind::ProxyHeal);
+            }
+            Nemesis::ReplyPastOrphan => {
+                let p = self.some_proxy();
+                let ms = fastrand::u64(1100..1250);
+                let lost = p.replies_lost();
+                p.lose_reply_to_then_slow(
+                    &tests::reply_loss::acquire_sha(),
+                    rand_ms(200, 600),
+                    Duration::from_millis(ms),
+                );
+                // Recorded once the reply was lost (an acquire may take a
+                // while to come): the slow spell starts with the re-send.
+                if within(Duration::from_secs(3), || p.replies_lost() > lost) {
+                    self.fleet.fault(None, FaultKind::ProxyLateRepeat { ms });
+                    std::thread::sleep(rand_ms(2500, 3500));
+                    self.fleet.fault(None, FaultKind::ProxyHeal);
+                }
+                p.disarm();
+                p.end_slow_spell();
+            }
+            Nemesis::Resend => {
+                let p = self.some_proxy();
+                let scripts = resendable_scripts();
+                let script = &scripts[fastrand::usize(..scripts.len())];
+                let after_ms = fastrand::u64(100..1000);
+                let sent = p.stats().resent;
+                p.resend(script, Duration::from_millis(after_ms));
+                // Recorded when the copy has run: the checker counts a
+                // lease from then in which the lock may be held for an
+                // owner that is done with it.
+                if within(
+                    Duration::from_secs(3) + Duration::from_millis(after_ms),
+                    || p.stats().resent > sent,
+                ) {
+                    self.fleet.fault(None, FaultKind::ProxyResend { after_ms });
+                }
+                p.disarm();
             }
         }
     }
@@ -428,6 +566,21 @@ struct Plan {
     target: u64,
     limit: Duration,
     schedule: Vec<Nemesis>,
+    /// Of the lock commands (EVALSHA) on every proxy, this share runs on
+    /// Redis and loses its reply, all the run long.
+    reply_loss: f64,
+}
+
+/// Faults after which a lock command may run on Redis for an owner that is
+/// done with it (a re-sent acquire, an attempt whose answer was lost): what
+/// it leaves lapses on its own, within a lease or a waiter's stay.
+fn leaves_lapsing_state(kind: FaultKind) -> bool {
+    matches!(
+        kind,
+        FaultKind::ProxyResend { .. }
+            | FaultKind::ProxyLateRepeat { .. }
+            | FaultKind::ProxySlowSpell { .. }
+    )
 }
 
 /// Run workers under the nemesis until `target` acquisitions and one full
@@ -436,9 +589,30 @@ fn run(mut s: Scenario<'_>, plan: Plan, workers: usize) -> Report {
     for _ in 0..workers {
         s.fleet.spawn();
     }
+    let locking = s.fleet.locking;
+    for p in s.proxies {
+        p.lose_replies(b"EVAL", plan.reply_loss);
+    }
     let started = Instant::now();
     let mut i = 0;
-    while (s.fleet.acquired.load(Ordering::Relaxed) < plan.target || i < plan.schedule.len())
+    // Every kind of fault in the schedule fires at least once (one that
+    // found no command to act on is tried again), within the limit.
+    let kinds = {
+        let mut k: Vec<_> = plan.schedule.iter().map(std::mem::discriminant).collect();
+        k.sort_by_key(|d| format!("{d:?}"));
+        k.dedup();
+        k.len()
+    };
+    let fired = |s: &Scenario<'_>| {
+        let faults = s.fleet.faults.lock().unwrap();
+        let mut labels: Vec<&str> = faults.iter().filter_map(|f| f.kind.label()).collect();
+        labels.sort_unstable();
+        labels.dedup();
+        labels.len()
+    };
+    while (s.fleet.acquired.load(Ordering::Relaxed) < plan.target
+        || i < plan.schedule.len()
+        || fired(&s) < kinds)
         && started.elapsed() < plan.limit
     {
         // Let the clients work between faults.
@@ -455,18 +629,49 @@ fn run(mut s: Scenario<'_>, plan: Plan, workers: usize) -> Report {
         }
     }
     let ran_for = started.elapsed();
-    s.proxy.set(Mode::Pass);
+    let faults_end = history::now_ns();
+    for p in s.proxies {
+        p.lose_replies(b"", 0.0);
+        p.disarm();
+        p.end_slow_spell();
+        p.set(Mode::Pass);
+    }
 
-    let idle = s.fleet.stop_all(Duration::from_secs(30));
+    // Ops in flight may wait their whole `wait`, and one op_timeout more.
+    let idle = s
+        .fleet
+        .stop_all(Duration::from_secs(30).max(locking.wait * 2 + OP_TIMEOUT));
     let renewing: usize = idle.values().sum();
     // A grant message that crossed a waiter's timeout is released by its
     // client 1 s later (an unclaimed grant, `ORPHAN_AFTER`), plus that
     // release's round trip: the quiet period starts after that.
     std::thread::sleep(Duration::from_millis(1_500));
-    // Quiet period: idle clients must send no lock commands.
+    // Quiet period: idle clients must send no lock commands (a renewal
+    // comes every lease/3).
     s.server.reset_stats();
-    std::thread::sleep(LEASE * 2);
+    std::thread::sleep((locking.lease * 2 / 3).max(LEASE * 2));
     let orphan_renewals = s.server.calls("evalsha");
+    // A waiter's place in a queue lapses on its own within retry_delay +
+    // jitter + 2 x op_timeout (1 s + 50 ms + 4 s here) of its last attempt.
+    let stay = Duration::from_millis(5_600);
+    // What a command run for an owner that is done with it left lapses
+    // within a lease, or a waiter's stay.
+    let last_transport = s
+        .fleet
+        .faults
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|f| leaves_lapsing_state(f.kind))
+        .map(|f| f.t)
+        .chain((plan.reply_loss > 0.0).then_some(faults_end))
+        .max();
+    if let Some(t) = last_transport {
+        let lapse_at = t + (locking.lease.max(stay) + locking.lease / 3).as_nanos() as u64;
+        while !lock_keys(s.server).is_empty() && history::now_ns() < lapse_at {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
     // Locks of killed holders expire one lease after their last renewal.
     let last_kill = s
         .fleet
@@ -478,16 +683,14 @@ fn run(mut s: Scenario<'_>, plan: Plan, workers: usize) -> Report {
         .map(|f| f.t)
         .max()
         .unwrap_or(0);
-    let expire_at = last_kill + (LEASE + Duration::from_millis(200)).as_nanos() as u64;
+    let expire_at = last_kill + (locking.lease + Duration::from_millis(200)).as_nanos() as u64;
     let now = history::now_ns();
     if expire_at > now {
         std::thread::sleep(Duration::from_nanos(expire_at - now));
     }
     let mut leftover = lock_keys(s.server);
-    // A killed waiter's place in a queue lapses on its own, within
-    // retry_delay + jitter + 2 x op_timeout (1 s + 50 ms + 4 s here) of
-    // its last attempt.
-    let lapse_at = last_kill + Duration::from_millis(5_600).as_nanos() as u64;
+    // A killed waiter's place in a queue lapses on its own.
+    let lapse_at = last_kill + stay.as_nanos() as u64;
     while leftover.iter().any(|k| is_queue(k)) && history::now_ns() < lapse_at {
         std::thread::sleep(Duration::from_millis(100));
         leftover = lock_keys(s.server);
@@ -499,8 +702,9 @@ fn run(mut s: Scenario<'_>, plan: Plan, workers: usize) -> Report {
     let mut report = history::check(
         &hist,
         &CheckConfig {
-            lease: LEASE,
+            lease: locking.lease,
             slop: Duration::from_millis(150),
+            op_timeout: Some(OP_TIMEOUT),
         },
     );
     report.orphan_renewals = Some(orphan_renewals + renewing as u64);
@@ -508,24 +712,44 @@ fn run(mut s: Scenario<'_>, plan: Plan, workers: usize) -> Report {
     report.extra.push((
         "ran for".into(),
         format!(
-            "{:.1} s under the nemesis ({} faults), {} worker processes x {} tasks on {} keys",
+            "{:.1} s under the nemesis ({} faults), {} worker processes x {} tasks on {} keys; lease {:?}, wait {:?}, {} % readers",
             ran_for.as_secs_f64(),
             i,
             workers,
             s.fleet.tasks,
-            s.fleet.keys.len()
+            s.fleet.keys.len(),
+            locking.lease,
+            locking.wait,
+            locking.read_pct
         ),
     ));
-    let ps = s.proxy.stats();
+    let mut ps = tests::proxy::ProxyStats::default();
+    for p in s.proxies {
+        let st = p.stats();
+        ps.accepted += st.accepted;
+        ps.refused += st.refused;
+        ps.cut += st.cut;
+        ps.bytes_forwarded += st.bytes_forwarded;
+        ps.bytes_dropped += st.bytes_dropped;
+        ps.replies_lost += st.replies_lost;
+        ps.slowed += st.slowed;
+        ps.resent += st.resent;
+    }
     report.extra.push((
-        "proxy".into(),
         format!(
-            "{} connections, {} refused, {} cut, {} KiB forwarded, {} B dropped",
+            "prox{}",
+            if s.proxies.len() > 1 { "ies" } else { "y" }
+        ),
+        format!(
+            "{} connections, {} refused, {} cut, {} KiB forwarded, {} B dropped, {} replies lost, {} connections slowed, {} commands re-sent",
             ps.accepted,
             ps.refused,
             ps.cut,
             ps.bytes_forwarded / 1024,
-            ps.bytes_dropped
+            ps.bytes_dropped,
+            ps.replies_lost,
+            ps.slowed,
+            ps.resent
         ),
     ));
     let live = s.fleet.live.lock().unwrap();
@@ -540,7 +764,25 @@ fn run(mut s: Scenario<'_>, plan: Plan, workers: usize) -> Report {
     ));
     drop(live);
     println!("{}", report.table(plan.title));
+    print_examples(&report, &hist);
     report
+}
+
+/// The first violation of each kind, with the trace of the ops involved.
+fn print_examples(report: &Report, hist: &History) {
+    let mut shown: Vec<&str> = Vec::new();
+    for c in &report.culprits {
+        if shown.contains(&c.kind) {
+            continue;
+        }
+        shown.push(c.kind);
+        println!(
+            "  example, {}: {}\n{}",
+            c.kind,
+            c.what,
+            history::trace(hist, &c.ops)
+        );
+    }
 }
 
 /// `FAULT_DUMP=dir`: write the history there, one line per event or fault.
@@ -649,22 +891,24 @@ fn nemesis_history_with_fencing() {
     };
     let keys: Vec<String> = (0..nkeys).map(|i| unique(&format!("hot{i}"))).collect();
     let fleet = Fleet::new(
-        proxy.url(),
+        vec![proxy.url()],
         store_server.url(),
         keys.clone(),
         tasks,
         worker_mode(),
+        Locking::CLASSIC,
     );
     let plan = Plan {
         title: "nemesis + fencing (Redis with AOF, behind the fault proxy)",
         target,
         limit,
         schedule: schedule_all(),
+        reply_loss: 0.0,
     };
     let scenario = Scenario {
         fleet,
         server: &mut server,
-        proxy: &proxy,
+        proxies: std::slice::from_ref(&proxy),
         wipes: false,
     };
     let events = scenario.fleet.events.clone();
@@ -726,18 +970,26 @@ fn restarts_without_persistence_under_load() {
     } else {
         (1_000, Duration::from_secs(40))
     };
-    let fleet = Fleet::new(proxy.url(), "-".into(), keys, 3, "manual");
+    let fleet = Fleet::new(
+        vec![proxy.url()],
+        "-".into(),
+        keys,
+        3,
+        "manual",
+        Locking::CLASSIC,
+    );
     use Nemesis::*;
     let plan = Plan {
         title: "Redis restarts without persistence (no fencing possible across a wipe)",
         target,
         limit,
         schedule: vec![RestartRedis, KillHolder, RestartRedis, Cut, RestartRedis],
+        reply_loss: 0.0,
     };
     let scenario = Scenario {
         fleet,
         server: &mut server,
-        proxy: &proxy,
+        proxies: std::slice::from_ref(&proxy),
         wipes: true,
     };
     let report = run(scenario, plan, 3);
@@ -755,6 +1007,148 @@ fn restarts_without_persistence_under_load() {
             .unwrap_or(0)
             >= 3
     );
+}
+
+// ---------------------------------------------------------------------------
+// Delayed, lost and repeated replies, one client at a time.
+
+/// How long a time-bounded scenario runs under its nemesis: `FAULT_SECS`
+/// if set, else `full` seconds with `FAULT_FULL=1`, else `bounded`.
+fn run_time(bounded: u64, full_secs: u64) -> Duration {
+    let secs = std::env::var("FAULT_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if full() { full_secs } else { bounded });
+    Duration::from_secs(secs)
+}
+
+/// 16 tasks on 4 clients contend for 2 keys, each client behind a proxy
+/// of its own that spares its subscriptions; `reply_loss` of the lock
+/// commands run on Redis and lose their reply (the connection is cut), and
+/// the nemesis runs `schedule`. Lease 5 s (longer than any delay here),
+/// wait 12 s. Judged by the checker, and the fenced store.
+fn one_client_at_a_time(
+    title: &'static str,
+    read_pct: u32,
+    reply_loss: f64,
+    schedule: Vec<Nemesis>,
+    run_for: Duration,
+) -> Report {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut server = RedisServer::start();
+    let store_server = RedisServer::start();
+    let proxies: Vec<Proxy> = (0..4).map(|_| Proxy::for_server(&server)).collect();
+    for p in &proxies {
+        p.spare_pubsub();
+    }
+    let keys: Vec<String> = (0..2).map(|i| unique(&format!("contended{i}"))).collect();
+    let fleet = Fleet::new(
+        proxies.iter().map(Proxy::url).collect(),
+        store_server.url(),
+        keys.clone(),
+        4,
+        worker_mode(),
+        Locking {
+            lease: Duration::from_secs(5),
+            wait: Duration::from_secs(12),
+            read_pct,
+        },
+    );
+    let plan = Plan {
+        title,
+        target: u64::MAX,
+        limit: run_for,
+        schedule,
+        reply_loss,
+    };
+    let scenario = Scenario {
+        fleet,
+        server: &mut server,
+        proxies: &proxies,
+        wipes: false,
+    };
+    let events = scenario.fleet.events.clone();
+    let faults = scenario.fleet.faults.clone();
+    let report = run(scenario, plan, 4);
+    let hist = History {
+        events: events.lock().unwrap().clone(),
+        faults: faults.lock().unwrap().clone(),
+    };
+    let stored = check_store(&rt, &store_server.url(), &keys, &hist);
+    println!("  {:<38} {stored}", "store (key=fence) at the end");
+    let lost: u64 = proxies.iter().map(Proxy::replies_lost).sum();
+    assert!(
+        reply_loss == 0.0 || lost > 0,
+        "no reply was lost: the nemesis did not run"
+    );
+    assert!(
+        report.acquisitions >= 100,
+        "only {} acquisitions: the clients hardly ran",
+        report.acquisitions
+    );
+    report
+}
+
+/// The outside nemesis that found bodies running without their lock: about
+/// 3 % of the lock commands lose their reply after they ran, and one
+/// client at a time gets its replies 1-2.5 s late in 3 s spells, its
+/// subscriptions spared. Write locks only. 15 s bounded, 4 minutes with
+/// `FAULT_FULL=1` (`FAULT_SECS` to choose).
+#[test]
+fn outside_nemesis_write_locks() {
+    let _serial = serial();
+    let report = one_client_at_a_time(
+        "outside nemesis: 3 % replies lost, 1-2.5 s slow spells (write locks)",
+        0,
+        0.03,
+        vec![Nemesis::SlowSpell],
+        run_time(15, 240),
+    );
+    assert!(report.faults["slow spell, one connection"] >= 1);
+    report.assert_clean();
+}
+
+/// The same with 60 % readers.
+#[test]
+fn outside_nemesis_read_write_locks() {
+    let _serial = serial();
+    let report = one_client_at_a_time(
+        "outside nemesis: 3 % replies lost, 1-2.5 s slow spells (60 % readers)",
+        60,
+        0.03,
+        vec![Nemesis::SlowSpell],
+        run_time(15, 240),
+    );
+    assert!(report.read_acquisitions >= 10);
+    report.assert_clean();
+}
+
+/// Each reply fault on its own, in turn: an acquire's reply lost and its
+/// re-send answered past the orphan-grant timer, a slow spell, a command
+/// re-sent by the transport. A quarter of the ops read. 15 s bounded,
+/// 4 minutes with `FAULT_FULL=1`.
+#[test]
+fn reply_faults_one_connection_at_a_time() {
+    let _serial = serial();
+    use Nemesis::*;
+    let report = one_client_at_a_time(
+        "late repeats, slow spells, re-sent commands (25 % readers)",
+        25,
+        0.0,
+        vec![ReplyPastOrphan, Resend, ReplyPastOrphan, SlowSpell],
+        run_time(15, 240),
+    );
+    for kind in [
+        "reply lost, repeat answered late",
+        "command re-sent by the transport",
+        "slow spell, one connection",
+    ] {
+        assert!(
+            report.faults.get(kind).copied().unwrap_or(0) >= 1,
+            "no {kind} injected"
+        );
+    }
+    report.assert_clean();
 }
 
 // ---------------------------------------------------------------------------
@@ -780,6 +1174,7 @@ fn holder_crash_frees_the_lock_within_lease_plus_retry_delay() {
     let client = rt
         .block_on(
             LockClient::builder()
+                .wait(Duration::ZERO) // tries once unless a request says otherwise
                 .retry_delay(retry_delay)
                 .connect(&server.url()),
         )
@@ -810,7 +1205,7 @@ fn holder_crash_frees_the_lock_within_lease_plus_retry_delay() {
         });
         rt.block_on(async {
             assert!(
-                eventually(Duration::from_secs(5), || client.waiting(&key) == 1).await,
+                eventually(Duration::from_secs(5), || client.waiting_here(&key) == 1).await,
                 "run {run}: the waiter never waited"
             );
         });
@@ -917,7 +1312,13 @@ fn redis_restart_while_held_renews_or_reports_lost() {
             _ => RedisServer::start(),
         };
         let proxy = Proxy::for_server(&server);
-        let client = rt.block_on(LockClient::connect(&proxy.url())).unwrap();
+        let client = rt
+            .block_on(
+                LockClient::builder()
+                    .wait(Duration::ZERO)
+                    .connect(&proxy.url()),
+            )
+            .unwrap();
         let guards: Vec<_> = rt.block_on(async {
             let mut v = Vec::new();
             for i in 0..20 {
@@ -989,6 +1390,7 @@ fn redlock_minority_failed_acquires_leave_no_keys() {
     let client = rt
         .block_on(
             LockClient::builder()
+                .wait(Duration::ZERO) // tries once unless a request says otherwise
                 .lease(lease)
                 .op_timeout(Duration::from_millis(200))
                 .redlock(&urls),
@@ -1077,6 +1479,7 @@ fn failed_acquires_leave_no_keys() {
     let client = rt
         .block_on(
             LockClient::builder()
+                .wait(Duration::ZERO) // tries once unless a request says otherwise
                 .op_timeout(op_timeout)
                 .lease(lease)
                 .connect(&proxy.url()),
@@ -1104,7 +1507,7 @@ fn failed_acquires_leave_no_keys() {
         n
     });
     assert_eq!(
-        client.waiting(&key),
+        client.waiting_here(&key),
         0,
         "timed-out waiters still registered"
     );
@@ -1235,6 +1638,7 @@ fn acquire_reply_slower_than_the_lease_is_not_a_held_lock() {
     let client = rt
         .block_on(
             LockClient::builder()
+                .wait(Duration::ZERO) // tries once unless a request says otherwise
                 .op_timeout(Duration::from_secs(3))
                 .connect(&proxy.url()),
         )
@@ -1564,7 +1968,7 @@ fn cancellation_fuzz() {
         .await;
         assert!(unsubscribed, "subscriptions left: {:?}", server.cmd::<Vec<String>>(&["PUBSUB", "CHANNELS"]));
         for k in keys.iter() {
-            assert_eq!(client.waiting(&format!("fuzz:{k}")), 0, "waiters left on {k}");
+            assert_eq!(client.waiting_here(&format!("fuzz:{k}")), 0, "waiters left on {k}");
         }
         // Quiet period: two short leases, and a renewal interval of the long.
         server.reset_stats();

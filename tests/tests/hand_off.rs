@@ -147,7 +147,7 @@ async fn waiters_are_served_in_the_order_they_queued() {
 async fn in_memory_waiters_are_served_in_the_order_they_queued() {
     let client = LockClient::memory();
     let c = client.clone();
-    served_in_queue_order(&[client], move |key| c.waiting(key) as i64).await;
+    served_in_queue_order(&[client], move |key| c.waiting_here(key) as i64).await;
 }
 
 /// A waiter whose process died while queued is skipped at once by the

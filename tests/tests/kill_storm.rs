@@ -57,6 +57,7 @@ async fn connection_kill_storm_under_holders_and_waiters() {
     for _ in 0..CLIENTS {
         clients.push(
             LockClient::builder()
+                .wait(Duration::ZERO) // tries once unless a request says otherwise
                 .lease(Duration::from_secs(2))
                 .connect(&server.url())
                 .await

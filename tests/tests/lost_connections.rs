@@ -85,7 +85,7 @@ async fn a_waiter_rides_out_connection_kills() {
     let held = holder.lock(&key).await.unwrap();
     let (w, k) = (waiting.clone(), key.clone());
     let waiter = tokio::spawn(async move { w.lock(&k).wait(Duration::from_secs(20)).await });
-    assert!(eventually(Duration::from_secs(5), || waiting.waiting(&key) == 1).await);
+    assert!(eventually(Duration::from_secs(5), || waiting.waiting_here(&key) == 1).await);
     for _ in 0..3 {
         kill(&server, "normal");
         kill(&server, "pubsub");
@@ -334,7 +334,7 @@ async fn a_release_sent_again_after_a_waiter_took_the_lock_is_not_a_loss() {
     let held = holder.lock(&key).await.unwrap();
     let (w, k) = (waiting.clone(), key.clone());
     let waiter = tokio::spawn(async move { w.lock(&k).wait(Duration::from_secs(10)).await });
-    assert!(eventually(Duration::from_secs(5), || waiting.waiting(&key) == 1).await);
+    assert!(eventually(Duration::from_secs(5), || waiting.waiting_here(&key) == 1).await);
     // The release runs and wakes the waiter; its reply is lost, and the
     // holder's way back to Redis is slow, so the waiter wins the race.
     proxy.lose_reply_to_then(

@@ -21,7 +21,8 @@ async fn try_once_fails_fast() {
 async fn waiter_is_woken_by_release() {
     let client = LockClient::builder()
         .retry_delay(Duration::from_secs(600))
-        .memory();
+        .memory()
+        .unwrap();
     semantics::waiter_woken_by_release(&client).await;
 }
 

@@ -7,9 +7,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use axum::response::IntoResponse;
-use lock_runtime::{distributed_lock, LockError};
+use lock_runtime::{distributed_lock, LockClient, LockError};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
-use tests::{global, unique};
+use tests::{eventually, global, unique};
 use tracing::span::{Attributes, Id, Record};
 use tracing::Subscriber;
 use tracing_subscriber::layer::{Context, Layer};
@@ -280,4 +280,119 @@ async fn lock_errors_are_http_responses() {
     let (status, _, body) = parts(e).await;
     assert_eq!(status, 500);
     assert!(!body.to_string().contains("secret"), "{body}");
+}
+
+#[distributed_lock(key = "level:{id}", wait = "5s")]
+async fn levelled(id: u64, stop: bool) -> Result<(), LockError> {
+    let _ = id;
+    if stop {
+        std::future::pending::<()>().await;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn at_info_spans_show_the_waits_and_the_losses_only() {
+    let seen = Seen::default();
+    let _default = tracing_subscriber::registry()
+        .with(
+            seen.clone()
+                .with_filter(tracing_subscriber::filter::LevelFilter::INFO),
+        )
+        .set_default();
+    let (client, control) = LockClient::memory_with_control();
+    let spans = |name: &str, key: &str| -> Vec<HashMap<String, String>> {
+        let s = seen.0.lock().unwrap();
+        s.spans
+            .values()
+            .filter(|(n, f)| n == name && f.get("key").map(String::as_str) == Some(key))
+            .map(|(_, f)| f.clone())
+            .collect()
+    };
+    // Uncontended: DEBUG only, nothing at INFO.
+    lock_runtime::with_client(client.clone(), levelled(1, false))
+        .await
+        .unwrap();
+    assert!(spans("lock.acquire", "level:1").is_empty());
+    assert!(spans("lock.hold", "level:1").is_empty());
+
+    // It waited: an INFO `lock.acquire` covers the wait, with its outcome.
+    let held = client.lock("level:2").await.unwrap();
+    let waiter = tokio::spawn(lock_runtime::with_client(
+        client.clone(),
+        levelled(2, false),
+    ));
+    assert!(
+        eventually(Duration::from_secs(5), || client.waiting_here("level:2")
+            == 1)
+        .await
+    );
+    held.release().await.unwrap();
+    waiter.await.unwrap().unwrap();
+    let waited = spans("lock.acquire", "level:2");
+    assert_eq!(waited.len(), 1, "{waited:?}");
+    assert_eq!(
+        waited[0].get("outcome").map(String::as_str),
+        Some("acquired")
+    );
+
+    // Lost: an INFO `lock.hold` says so.
+    let body = tokio::spawn(lock_runtime::with_client(client.clone(), levelled(3, true)));
+    assert!(eventually(Duration::from_secs(5), || client.held_count() == 1).await);
+    assert!(control.expire("level:3"));
+    assert!(matches!(body.await.unwrap(), Err(LockError::Lost { .. })));
+    let lost = spans("lock.hold", "level:3");
+    assert_eq!(lost.len(), 1, "{lost:?}");
+    assert_eq!(lost[0].get("lost").map(String::as_str), Some("true"));
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn every_metric_is_described_and_held_locks_are_a_gauge() {
+    snapshotter();
+    let client = LockClient::memory();
+    let gauge = || -> Option<f64> {
+        snapshotter()
+            .snapshot()
+            .into_hashmap()
+            .into_iter()
+            .find(|(k, _)| {
+                k.key().name() == "distributed_lock_held_locks"
+                    && k.key().labels().any(|l| l.value() == "gauge-test")
+            })
+            .and_then(|(_, (_, _, v))| match v {
+                DebugValue::Gauge(g) => Some(g.into_inner()),
+                _ => None,
+            })
+    };
+    let a = client.lock("g:1").name("gauge-test").await.unwrap();
+    let b = client.lock("g:2").name("gauge-test").await.unwrap();
+    // (The debugging recorder hands out each change once: the sum of the
+    // readings is the gauge.)
+    let holding = gauge().unwrap_or_default();
+    assert_eq!(holding, 2.0);
+    a.release().await.unwrap();
+    drop(b);
+    assert_eq!(
+        holding + gauge().unwrap_or_default(),
+        0.0,
+        "both holds ended"
+    );
+    let described: Vec<String> = snapshotter()
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(_, _, help, _)| help.is_some())
+        .map(|(k, _, _, _)| k.key().name().to_owned())
+        .collect();
+    for name in [
+        "distributed_lock_acquired_total",
+        "distributed_lock_acquire_seconds",
+        "distributed_lock_held_seconds",
+        "distributed_lock_held_locks",
+    ] {
+        assert!(
+            described.iter().any(|d| d == name),
+            "{name} has no description: {described:?}"
+        );
+    }
 }

@@ -62,7 +62,7 @@ async fn a_writer_giving_up_lets_the_readers_behind_it_in() {
         clients.push(patient().connect(&server.url()).await.unwrap());
     }
     rw::a_writer_giving_up_lets_the_readers_behind_it_in(&clients).await;
-    let memory = patient().memory();
+    let memory = patient().memory().unwrap();
     rw::a_writer_giving_up_lets_the_readers_behind_it_in(&[memory.clone(), memory]).await;
 }
 
@@ -578,4 +578,43 @@ async fn the_attribute_takes_read_and_write_locks() {
     let other = unique("attr-b");
     assert_eq!(read_both(&id, &other).await.unwrap().len(), 1);
     assert!(!server.exists(&name(&format!("doc:{id}"))));
+}
+
+/// A counter that lost its last increments (a failover to a replica that
+/// had not seen them, a restart without persistence): the first reader of
+/// a read hold gets a token floored at the server's clock, as a writer
+/// does, not the stale counter, which is below earlier writers' tokens.
+#[tokio::test]
+async fn the_first_reader_of_a_hold_gets_a_token_floored_at_the_clock() {
+    let server = RedisServer::start();
+    let key = name(&unique("rw-floor"));
+    let keys = [
+        key.clone(),
+        format!("{key}:fence"),
+        format!("{key}:queue"),
+        format!("{key}:waiters"),
+        format!("{key}:readers"),
+    ];
+    // What the lost writer had (a clock token), and what survived.
+    let time: Vec<String> = server.cmd(&["TIME"]);
+    let clock_us = time[0].parse::<u64>().unwrap() * 1_000_000 + time[1].parse::<u64>().unwrap();
+    let _: () = server.cmd(&["SET", &keys[1], "5"]);
+    let reply: Vec<u64> =
+        redis::Script::new(include_str!("../../lock-runtime/scripts/acquire.lua"))
+            .key(&keys)
+            .arg("x:r1")
+            .arg(30_000)
+            .arg("")
+            .arg("")
+            .arg("")
+            .invoke(&mut server.conn())
+            .unwrap();
+    assert_eq!(reply[0], 1);
+    assert!(
+        reply[1] >= clock_us,
+        "the reader got token {} from a stale counter (clock {clock_us})",
+        reply[1]
+    );
+    let counter: u64 = server.cmd(&["GET", &keys[1]]);
+    assert_eq!(counter, reply[1], "the floor is kept for the next writer");
 }

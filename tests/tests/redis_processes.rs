@@ -77,7 +77,7 @@ async fn killed_holder_frees_the_lock_after_its_lease() {
     let client = LockClient::connect(&server.url()).await.unwrap();
     // Alive and renewing: held well past its lease.
     tokio::time::sleep(Duration::from_millis(lease_ms * 2)).await;
-    let err = client.lock(&key).await.unwrap_err();
+    let err = client.lock(&key).wait(Duration::ZERO).await.unwrap_err();
     assert!(matches!(err, LockError::Timeout { .. }), "{err:?}");
 
     child.kill().unwrap();

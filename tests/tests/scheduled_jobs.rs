@@ -137,7 +137,7 @@ async fn a_waiter_queued_behind_a_min_hold_gets_the_lock_when_it_lapses() {
         })
     };
     // The waiter is queued before the release.
-    assert!(eventually(Duration::from_secs(5), || client.waiting(&key) > 0).await);
+    assert!(eventually(Duration::from_secs(5), || client.waiting_here(&key) > 0).await);
     guard.release().await.unwrap();
     let (g, waited) = waiter.await.unwrap();
     let g = g.expect("the waiter gets the lock once min_hold lapses");
@@ -186,10 +186,12 @@ async fn max_hold_stops_renewal_and_the_body_ends_with_lost() {
     let out = tokio::time::timeout(Duration::from_secs(10), hung(&name)).await;
     let took = t.elapsed();
     match out {
-        Ok(Err(LockError::Lost { .. })) => {}
-        other => panic!("a hung body past max_hold must end with Lost: {other:?}"),
+        Ok(Err(LockError::MaxHoldReached { max_hold, .. })) => {
+            assert_eq!(max_hold, Duration::from_millis(900));
+        }
+        other => panic!("a hung body past max_hold must end with MaxHoldReached: {other:?}"),
     }
-    // Lost at max_hold (900 ms): renewals ran (the lease is 600 ms) but not
+    // Ended at max_hold (900 ms): renewals ran (the lease is 600 ms) but not
     // past it.
     assert!(
         took >= Duration::from_millis(850) && took < Duration::from_secs(5),

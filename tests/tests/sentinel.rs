@@ -53,7 +53,11 @@ async fn primary_killed_clients_follow_the_new_primary() {
         .unwrap();
     let (w, k) = (waiting.clone(), held_key.clone());
     let waiter = tokio::spawn(async move { w.lock(&k).wait(Duration::from_secs(60)).await });
-    assert!(eventually(Duration::from_secs(5), || waiting.waiting(&held_key) == 1).await);
+    assert!(
+        eventually(Duration::from_secs(5), || waiting.waiting_here(&held_key)
+            == 1)
+        .await
+    );
 
     let old = primary.port();
     primary.kill();

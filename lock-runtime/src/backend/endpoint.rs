@@ -47,7 +47,8 @@ pub(crate) fn redact(url: &str) -> String {
 }
 
 /// Parse a Redis URL; a TLS URL without TLS support compiled in is a
-/// configuration error that says what to enable.
+/// configuration error that says what to enable, and so is `#insecure`
+/// without the `tls-insecure` feature (with it, a warning).
 pub(crate) fn info(url: &str) -> Result<ConnectionInfo, Fault> {
     let tls = url.starts_with("rediss://") || url.starts_with("valkeys://");
     if tls && !cfg!(feature = "tls") {
@@ -57,12 +58,46 @@ pub(crate) fn info(url: &str) -> Result<ConnectionInfo, Fault> {
             redact(url)
         )));
     }
-    url.into_connection_info()
-        .map_err(|e| Fault::Config(format!("bad Redis URL `{}`: {e}", redact(url))))
+    let info = url
+        .into_connection_info()
+        .map_err(|e| Fault::Config(format!("bad Redis URL `{}`: {e}", redact(url))))?;
+    if matches!(info.addr(), ConnectionAddr::TcpTls { insecure: true, .. }) {
+        if !cfg!(feature = "tls-insecure") {
+            return Err(Fault::Config(format!(
+                "`{}` turns off TLS certificate verification (`#insecure`), which lock-runtime \
+                 refuses unless its `tls-insecure` feature is enabled (meant for tests); drop \
+                 `#insecure` and trust the server's CA with `LockClientBuilder::tls_root_ca`",
+                redact(url)
+            )));
+        }
+        tracing::warn!(
+            url = %redact(url),
+            "TLS certificate verification is OFF for this Redis connection (`#insecure`): \
+             anyone on the path can impersonate the server; use it in tests only"
+        );
+    }
+    Ok(info)
+}
+
+/// rustls needs a crypto provider. `redis` builds its TLS settings with the
+/// process-wide default, which rustls picks by itself only when exactly one
+/// provider is compiled in: with *ring* (ours) and aws-lc-rs (another
+/// crate's) both in the tree, the first connect would panic. So *ring* is
+/// installed as the default unless the application installed one.
+#[cfg(feature = "tls")]
+pub(crate) fn ensure_crypto_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Losing the race to another installer is fine: one is in place.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
 }
 
 /// A client for `info`, trusting the client's private CA if it has one.
 pub(crate) fn client(info: ConnectionInfo, access: &Access) -> Result<redis::Client, Fault> {
+    #[cfg(feature = "tls")]
+    if matches!(info.addr(), ConnectionAddr::TcpTls { .. }) {
+        ensure_crypto_provider();
+    }
     #[cfg(feature = "tls")]
     if let (ConnectionAddr::TcpTls { .. }, Some(ca)) = (info.addr(), &access.root_ca) {
         let certs = redis::TlsCertificates {
@@ -84,6 +119,11 @@ pub(crate) fn cluster(
     access: &Access,
 ) -> Result<redis::cluster::ClusterClientBuilder, Fault> {
     for url in urls {
+        #[cfg(feature = "tls")]
+        if matches!(info(url)?.addr(), ConnectionAddr::TcpTls { .. }) {
+            ensure_crypto_provider();
+        }
+        #[cfg(not(feature = "tls"))]
         info(url)?;
     }
     let builder = redis::cluster::ClusterClient::builder(urls.iter().map(String::as_str));
@@ -169,6 +209,24 @@ mod tests {
         assert_eq!(r.password(), Some("p@ss"));
         assert_eq!(r.db(), 3);
         assert!(matches!(node.addr(), ConnectionAddr::Tcp(h, 6379) if h == "10.0.0.5"));
+    }
+
+    #[cfg(all(feature = "tls", not(feature = "tls-insecure")))]
+    #[test]
+    fn insecure_without_its_feature_is_refused_with_what_to_do() {
+        let e = info("rediss://u:pw@db:6380/#insecure")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`tls-insecure` feature"), "{e}");
+        assert!(e.contains("tls_root_ca"), "{e}");
+        assert!(!e.contains("pw"), "{e}");
+        assert!(info("rediss://db:6380").is_ok());
+    }
+
+    #[cfg(feature = "tls-insecure")]
+    #[test]
+    fn insecure_with_its_feature_is_accepted() {
+        assert!(info("rediss://db:6380/#insecure").is_ok());
     }
 
     #[cfg(not(feature = "tls"))]

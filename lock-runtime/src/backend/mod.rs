@@ -63,6 +63,9 @@ pub(crate) struct Queue {
     /// An earlier attempt of this owner may have queued it: a grant taken
     /// directly must leave the queue too.
     pub(crate) rejoin: bool,
+    /// The request has had no answer from the server yet (it may be
+    /// unreachable): this attempt ends by then, whatever it costs.
+    pub(crate) by: Option<tokio::time::Instant>,
 }
 
 /// Outcome of one release.
@@ -72,6 +75,20 @@ pub(crate) enum Released {
     Freed,
     /// The lock was not ours any more (expired or deleted).
     NotOwner,
+}
+
+/// What a deployment holds of one lock, read for an operator
+/// ([`Backend::inspect`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Seen {
+    /// Owner ids holding it: one writer, or the readers in their lease.
+    pub(crate) holders: Vec<String>,
+    /// The lease left; `None` if nobody holds it.
+    pub(crate) ttl: Option<Duration>,
+    /// Waiters queued, of every client, still within their wait.
+    pub(crate) waiters: usize,
+    /// The last token handed out.
+    pub(crate) fence: Option<u64>,
 }
 
 /// One lock for the watchdog to extend.
@@ -146,6 +163,31 @@ impl Backend {
             fake _f => Err(Fault::other("not used")))
     }
 
+    /// Take back an attempt of `owner` whose outcome is unknown (its answer
+    /// was lost, or its caller went away before it came): release what it
+    /// may have taken, or take it out of the queue. Sent where it cannot
+    /// overtake the attempt it undoes: on the connection that attempt went
+    /// on, after it.
+    pub(crate) async fn undo(&self, name: &LockName, owner: &Arc<str>) -> Result<Released, Fault> {
+        match self {
+            Backend::Sentinel(b) => b.undo(name, owner).await,
+            _ => self.release(name, owner).await,
+        }
+    }
+
+    /// End `owner`'s hold, leaving the lock taken for `left` more
+    /// (`min_hold`): a renewal of `owner` that comes after this extends
+    /// nothing, and sending this twice is harmless.
+    pub(crate) async fn keep(
+        &self,
+        name: &LockName,
+        owner: &Arc<str>,
+        left: Duration,
+    ) -> Result<Released, Fault> {
+        each!(self, b => b.keep(name, owner, left).await,
+            fake _f => Err(Fault::other("not used")))
+    }
+
     /// Renew a batch in as few round trips as the backend allows; one
     /// outcome per item, in order.
     pub(crate) async fn renew(&self, batch: Vec<Renewal>) -> Vec<Renewed> {
@@ -196,6 +238,28 @@ impl Backend {
     /// Tasks of this client waiting for the lock.
     pub(crate) fn waiting(&self, name: &LockName) -> usize {
         each!(self, b => b.waiting(name), fake _f => 0)
+    }
+
+    /// What the deployment holds of this lock; changes nothing.
+    pub(crate) async fn inspect(&self, name: &LockName) -> Result<Seen, Fault> {
+        each!(self, b => b.inspect(name).await,
+            fake _f => Err(Fault::other("not used")))
+    }
+
+    /// End every hold of this lock as its holder's own release would,
+    /// serving the queue, but without recording the holder as the one that
+    /// handed over (its own later release finds the lock lost). Returns the
+    /// holders whose hold this removed.
+    pub(crate) async fn force_release(&self, name: &LockName) -> Result<Vec<String>, Fault> {
+        each!(self, b => b.force_release(name).await,
+            fake _f => Err(Fault::other("not used")))
+    }
+
+    /// The Redis names matching the glob `pattern` (`SCAN`, on every
+    /// primary or node); the caller picks the locks among them.
+    pub(crate) async fn scan(&self, pattern: &str) -> Result<Vec<String>, Fault> {
+        each!(self, b => b.scan(pattern).await,
+            fake _f => Err(Fault::other("not used")))
     }
 
     /// How much of a lease the holder must not count on: clocks of several

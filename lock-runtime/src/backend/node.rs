@@ -17,6 +17,8 @@ use super::{Acquired, Queue, Queued, Released, Renewal, Renewed};
 use crate::key::{is_reader, LockName};
 use crate::scripts::{self, Script};
 
+mod operations;
+
 /// Renewals per EVALSHA: keeps one script call short enough not to stall
 /// Redis while still sending a whole tick in one pipelined round trip.
 const RENEW_CHUNK: usize = 500;
@@ -274,14 +276,32 @@ impl RedisNode {
     /// unanswered on a connection that died under it (cut while idle, the
     /// close not yet seen), and the other half is left for a send on the
     /// connection that replaces it.
-    async fn retrying<T, F, Fut>(&self, mut op: F) -> Result<T, Fault>
+    async fn retrying<T, F, Fut>(&self, op: F) -> Result<T, Fault>
     where
         F: FnMut(Duration) -> Fut,
         Fut: std::future::Future<Output = Result<T, Fault>>,
     {
-        let budget = self.settings.op_timeout;
-        let deadline = tokio::time::Instant::now() + budget;
-        let mut limit = budget / 2;
+        self.retrying_by(None, op).await
+    }
+
+    /// [`retrying`](Self::retrying), ending by `by` if that comes first
+    /// (a request whose server has not answered yet ends by its deadline).
+    async fn retrying_by<T, F, Fut>(
+        &self,
+        by: Option<tokio::time::Instant>,
+        mut op: F,
+    ) -> Result<T, Fault>
+    where
+        F: FnMut(Duration) -> Fut,
+        Fut: std::future::Future<Output = Result<T, Fault>>,
+    {
+        let now = tokio::time::Instant::now();
+        let mut deadline = now + self.settings.op_timeout;
+        if let Some(by) = by {
+            deadline = deadline.min(by.max(now + MIN_SEND));
+        }
+        let budget = deadline - now;
+        let mut limit = (self.settings.op_timeout / 2).min(budget);
         let mut pause = RETRY_PAUSE;
         loop {
             let out = op(limit).await;
@@ -349,7 +369,7 @@ impl RedisNode {
         ];
         let sent = std::sync::atomic::AtomicBool::new(false);
         let reply: Vec<i64> = self
-            .retrying(|limit| {
+            .retrying_by(queue.by, |limit| {
                 // Sent again after a send that may have run and queued this
                 // owner: if this one takes the lock, it leaves the queue.
                 let again = sent.swap(true, std::sync::atomic::Ordering::Relaxed);
@@ -425,6 +445,29 @@ impl RedisNode {
             // on its own, so there an absent lock may be that too.
             0 if self.is_cluster() => Released::Freed,
             _ => Released::NotOwner,
+        })
+    }
+
+    /// End `owner`'s hold but leave the lock taken for `left` more, unless
+    /// it is another's (the release of a hold with `min_hold` left).
+    pub(crate) async fn keep(
+        &self,
+        name: &LockName,
+        owner: &str,
+        left: Duration,
+    ) -> Result<Released, Fault> {
+        let left = millis(left).to_string();
+        let kept: i64 = self
+            .eval(
+                &scripts::KEEP,
+                &[&name.hash, &name.readers()],
+                &[owner, &left],
+            )
+            .await?;
+        Ok(if kept == 1 {
+            Released::Freed
+        } else {
+            Released::NotOwner
         })
     }
 

@@ -12,8 +12,9 @@ use tokio::runtime::Handle;
 use super::endpoint;
 use super::fault::Fault;
 use super::node::NodeSettings;
+use crate::claims::{Grant, Stamp};
 use crate::key::{client_of, LockName};
-use crate::wakeups::{Grant, Stamp, Waiter, Wakeups};
+use crate::wakeups::{Waiter, Wakeups};
 
 /// Release wake-ups from one Redis server, one subscription per waited-on
 /// lock, shared by all waiters of the client.

@@ -10,7 +10,7 @@ use tokio::runtime::Handle;
 use super::fault::Fault;
 use super::node::{NodeSettings, RedisNode, Wake};
 use super::pubsub::Subscriber;
-use super::{Acquired, Queue, Released, Renewal, Renewed};
+use super::{Acquired, Queue, Released, Renewal, Renewed, Seen};
 use crate::key::LockName;
 use crate::wakeups::Waiter;
 
@@ -80,6 +80,15 @@ impl<S: Releases> RedisBackend<S> {
         self.node.renew(&batch).await
     }
 
+    pub(crate) async fn keep(
+        &self,
+        name: &LockName,
+        owner: &Arc<str>,
+        left: Duration,
+    ) -> Result<Released, Fault> {
+        self.node.keep(name, owner, left).await
+    }
+
     pub(crate) async fn subscribe(
         &self,
         name: &LockName,
@@ -98,5 +107,17 @@ impl<S: Releases> RedisBackend<S> {
 
     pub(crate) fn waiting(&self, name: &LockName) -> usize {
         self.subscriber.waiting(name)
+    }
+
+    pub(crate) async fn inspect(&self, name: &LockName) -> Result<Seen, Fault> {
+        self.node.inspect(name).await
+    }
+
+    pub(crate) async fn force_release(&self, name: &LockName) -> Result<Vec<String>, Fault> {
+        self.node.force_release(name, Wake::IfReleased).await
+    }
+
+    pub(crate) async fn scan(&self, pattern: &str) -> Result<Vec<String>, Fault> {
+        self.node.scan(pattern).await
     }
 }

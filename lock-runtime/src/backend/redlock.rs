@@ -33,7 +33,7 @@ use super::endpoint;
 use super::fault::Fault;
 use super::node::{NodeSettings, RedisNode, Wake};
 use super::subscribers::AnySubscriber;
-use super::{Acquired, Queue, Released, Renewal, Renewed};
+use super::{Acquired, Queue, Released, Renewal, Renewed, Seen};
 use crate::key::LockName;
 use crate::wakeups::Waiter;
 
@@ -229,8 +229,15 @@ impl Shared {
         // counters are behind it all hand out the same token and the fence
         // needs no raising round trip; each node's own clock would differ.
         let floor = clock_floor();
+        let mut limit = self.node_timeout(lease);
+        if let Some(by) = queue.by {
+            limit = limit.min(
+                by.saturating_duration_since(started)
+                    .max(Duration::from_millis(5)),
+            );
+        }
         let answers = self
-            .all(self.node_timeout(lease), |s| async move {
+            .all(limit, |s| async move {
                 s.node()
                     .await?
                     .acquire(name, owner, lease, Some(floor), queue)
@@ -352,6 +359,33 @@ impl Shared {
         )))
     }
 
+    /// Leave the lock to expire `left` from now on every node (min_hold).
+    async fn keep(&self, name: &LockName, owner: &str, left: Duration) -> Result<Released, Fault> {
+        let answers = self
+            .all(self.op_timeout, |s| async move {
+                s.node().await?.keep(name, owner, left).await
+            })
+            .await;
+        let count = |r: Released| {
+            answers
+                .iter()
+                .filter(|a| a.as_ref().ok() == Some(&r))
+                .count()
+        };
+        let (kept, not_owner) = (count(Released::Freed), count(Released::NotOwner));
+        let n = self.slots.len();
+        match verdict(n, self.quorum, kept, not_owner) {
+            Verdict::Majority => Ok(Released::Freed),
+            Verdict::Impossible => Ok(Released::NotOwner),
+            Verdict::Unknown => Err(Fault::other(format!(
+                "Redlock: leaving lock `{}` to its min_hold: confirmed by {kept} of {n} nodes, {} needed: {}",
+                name.key,
+                self.quorum,
+                self.failures(&answers)
+            ))),
+        }
+    }
+
     async fn renew(&self, batch: Vec<Renewal>) -> Vec<Renewed> {
         let shortest = batch.iter().map(|r| r.lease).min().unwrap_or_default();
         let batch = &batch;
@@ -411,6 +445,15 @@ impl RedlockBackend {
         self.shared.renew(batch).await
     }
 
+    pub(crate) async fn keep(
+        &self,
+        name: &LockName,
+        owner: &Arc<str>,
+        left: Duration,
+    ) -> Result<Released, Fault> {
+        self.shared.keep(name, owner, left).await
+    }
+
     pub(crate) async fn subscribe(
         &self,
         name: &LockName,
@@ -421,6 +464,146 @@ impl RedlockBackend {
 
     pub(crate) fn waiting(&self, name: &LockName) -> usize {
         self.subscriber.waiting(name)
+    }
+}
+
+/// What an operator does: read what a majority says, clear on every node.
+impl Shared {
+    /// Each node's view of the lock; an error unless a majority answered.
+    async fn views(&self, name: &LockName) -> Result<Vec<Seen>, Fault> {
+        let answers = self
+            .all(self.op_timeout, |s| async move {
+                s.node().await?.inspect(name).await
+            })
+            .await;
+        let n = self.slots.len();
+        let failures = self.failures(&answers);
+        let views: Vec<Seen> = answers.into_iter().filter_map(Result::ok).collect();
+        if views.len() < self.quorum {
+            return Err(Fault::other(format!(
+                "Redlock: reading lock `{}`: {} of {n} nodes answered, {} needed: {failures}",
+                name.key,
+                views.len(),
+                self.quorum,
+            )));
+        }
+        Ok(views)
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Seen, Fault> {
+        Ok(majority(&self.views(name).await?, self.quorum))
+    }
+
+    /// Every holder any node knows (a partial grant on a minority too) is
+    /// released on every node; a hold counts as removed where a majority
+    /// ended it.
+    async fn force_release(&self, name: &LockName) -> Result<Vec<String>, Fault> {
+        let mut holders: Vec<String> = Vec::new();
+        for view in self.views(name).await? {
+            for h in view.holders {
+                if !holders.contains(&h) {
+                    holders.push(h);
+                }
+            }
+        }
+        let n = self.slots.len();
+        let mut removed = Vec::new();
+        for holder in holders {
+            let holder = &holder;
+            let answers = self
+                .all(self.op_timeout, |s| async move {
+                    s.node()
+                        .await?
+                        .release_forced(name, holder, Wake::Always)
+                        .await
+                })
+                .await;
+            let ended = answers.iter().filter(|a| matches!(a, Ok(true))).count();
+            let kept = answers.iter().filter(|a| matches!(a, Ok(false))).count();
+            match verdict(n, self.quorum, ended, kept) {
+                Verdict::Majority => removed.push(holder.clone()),
+                Verdict::Impossible => {}
+                Verdict::Unknown => {
+                    return Err(Fault::other(format!(
+                        "Redlock: force-releasing lock `{}` held by {holder}: confirmed by {ended} of {n} nodes, {} needed: {}",
+                        name.key,
+                        self.quorum,
+                        self.failures(&answers)
+                    )))
+                }
+            }
+        }
+        Ok(removed)
+    }
+
+    /// The names any answering node has; an error unless a majority
+    /// answered (a lock held by a majority is then on one of them).
+    async fn scan(&self, pattern: &str) -> Result<Vec<String>, Fault> {
+        // Each SCAN step is bounded by the operation timeout; this only
+        // caps the whole walk of a node's keyspace.
+        let walk = Duration::from_secs(600);
+        let answers = self
+            .all(walk, |s| async move { s.node().await?.scan(pattern).await })
+            .await;
+        let answered = answers.iter().filter(|a| a.is_ok()).count();
+        if answered < self.quorum {
+            return Err(Fault::other(format!(
+                "Redlock: listing locks: {answered} of {} nodes answered, {} needed: {}",
+                self.slots.len(),
+                self.quorum,
+                self.failures(&answers)
+            )));
+        }
+        Ok(answers.into_iter().flatten().flatten().collect())
+    }
+}
+
+/// What at least `quorum` of the nodes' views agree on: the holders a
+/// majority has, the lease a majority still gives them, and the highest
+/// token a majority has seen.
+fn majority(views: &[Seen], quorum: usize) -> Seen {
+    let on_majority = |h: &String| views.iter().filter(|v| v.holders.contains(h)).count() >= quorum;
+    let mut holders: Vec<String> = Vec::new();
+    for h in views.iter().flat_map(|v| &v.holders) {
+        if !holders.contains(h) && on_majority(h) {
+            holders.push(h.clone());
+        }
+    }
+    let ttl = holders.first().and_then(|h| {
+        quorum_th(
+            views
+                .iter()
+                .filter(|v| v.holders.contains(h))
+                .map(|v| v.ttl),
+            quorum,
+        )
+    });
+    Seen {
+        holders,
+        ttl,
+        waiters: views.iter().map(|v| v.waiters).max().unwrap_or(0),
+        fence: quorum_th(views.iter().map(|v| v.fence), quorum),
+    }
+}
+
+/// The `quorum`-th largest value: at least that much on a majority.
+fn quorum_th<T: Ord>(values: impl Iterator<Item = Option<T>>, quorum: usize) -> Option<T> {
+    let mut values: Vec<Option<T>> = values.collect();
+    values.sort_by(|a, b| b.cmp(a));
+    values.into_iter().nth(quorum.checked_sub(1)?).flatten()
+}
+
+impl RedlockBackend {
+    pub(crate) async fn inspect(&self, name: &LockName) -> Result<Seen, Fault> {
+        self.shared.inspect(name).await
+    }
+
+    pub(crate) async fn force_release(&self, name: &LockName) -> Result<Vec<String>, Fault> {
+        self.shared.force_release(name).await
+    }
+
+    pub(crate) async fn scan(&self, pattern: &str) -> Result<Vec<String>, Fault> {
+        self.shared.scan(pattern).await
     }
 }
 
@@ -441,6 +624,33 @@ mod tests {
         assert_eq!(verdict(1, 1, 1, 0), Verdict::Majority);
         assert_eq!(verdict(1, 1, 0, 1), Verdict::Impossible);
         assert_eq!(verdict(1, 1, 0, 0), Verdict::Unknown);
+    }
+
+    #[test]
+    fn a_lock_is_seen_as_a_majority_of_nodes_has_it() {
+        let view = |holders: &[&str], ttl: u64, fence: Option<u64>| Seen {
+            holders: holders.iter().map(|h| h.to_string()).collect(),
+            ttl: (ttl > 0).then(|| Duration::from_millis(ttl)),
+            waiters: 0,
+            fence,
+        };
+        // Two of three nodes have `a`; a partial grant of `b` on one.
+        let seen = majority(
+            &[
+                view(&["a"], 900, Some(7)),
+                view(&["a"], 800, Some(7)),
+                view(&["b"], 500, Some(9)),
+            ],
+            2,
+        );
+        assert_eq!(seen.holders, ["a"]);
+        // Held on a majority for as long as the second longest lease.
+        assert_eq!(seen.ttl, Some(Duration::from_millis(800)));
+        // 9 is on one node only: a majority has seen 7.
+        assert_eq!(seen.fence, Some(7));
+        // No majority for anyone: not held.
+        let seen = majority(&[view(&["a"], 900, None), view(&[], 0, None)], 2);
+        assert!(seen.holders.is_empty() && seen.ttl.is_none() && seen.fence.is_none());
     }
 
     #[test]

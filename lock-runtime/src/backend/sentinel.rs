@@ -21,7 +21,7 @@ use super::endpoint;
 use super::fault::Fault;
 use super::node::{NodeSettings, RedisNode, Wake};
 use super::pubsub::Subscriber;
-use super::{Acquired, Queue, Released, Renewal, Renewed};
+use super::{Acquired, Queue, Released, Renewal, Renewed, Seen};
 use crate::key::LockName;
 use crate::wakeups::Waiter;
 
@@ -273,8 +273,19 @@ impl Shared {
         F: Fn(Arc<Primary>) -> Fut,
         Fut: std::future::Future<Output = Result<T, Fault>>,
     {
+        self.on_primary_by(None, op).await
+    }
+
+    /// [`on_primary`](Self::on_primary), with no second try once `by` has
+    /// passed.
+    async fn on_primary_by<T, F, Fut>(&self, by: Option<Instant>, op: F) -> Result<T, Fault>
+    where
+        F: Fn(Arc<Primary>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, Fault>>,
+    {
         let (first, started) = (self.current(), Instant::now());
         match op(first.clone()).await {
+            Err(e) if by.is_some_and(|by| Instant::now() >= by) => Err(e),
             Err(e) if may_have_moved(&e) => match self.after_failure(&first, started).await {
                 Some(next) => op(next).await,
                 None => Err(e),
@@ -290,7 +301,7 @@ impl Shared {
         lease: Duration,
         queue: Queue,
     ) -> Result<Acquired, Fault> {
-        self.on_primary(|p| async move {
+        self.on_primary_by(queue.by, |p| async move {
             let Some((replicas, wait)) = self.acks else {
                 return p.node.acquire(name, owner, lease, None, queue).await;
             };
@@ -356,6 +367,40 @@ impl SentinelBackend {
         }
     }
 
+    /// With `replica_acks`, acquires go on a connection of their own:
+    /// their undo follows them there, so that it reaches Redis after the
+    /// acquire it takes back, however slow that one is.
+    pub(crate) async fn undo(&self, name: &LockName, owner: &Arc<str>) -> Result<Released, Fault> {
+        let (first, started) = (self.shared.current(), Instant::now());
+        let Some(acks) = first.acks_node.as_ref() else {
+            return self.release(name, owner).await;
+        };
+        match acks.release(name, owner, Wake::IfReleased).await {
+            // Only a new primary is asked on another connection (it has
+            // whatever survived the failover); on the same primary, the
+            // main connection could overtake the acquire still on this one.
+            Err(e) if may_have_moved(&e) => {
+                match self.shared.after_failure(&first, started).await {
+                    Some(next) => next.node.release(name, owner, Wake::IfReleased).await,
+                    None => Err(e),
+                }
+            }
+            other => other,
+        }
+    }
+
+    pub(crate) async fn keep(
+        &self,
+        name: &LockName,
+        owner: &Arc<str>,
+        left: Duration,
+    ) -> Result<Released, Fault> {
+        // Idempotent: sent again on the new primary if the old one failed.
+        self.shared
+            .on_primary(|p| async move { p.node.keep(name, owner, left).await })
+            .await
+    }
+
     pub(crate) async fn renew(&self, batch: Vec<Renewal>) -> Vec<Renewed> {
         let shared = &self.shared;
         let (first, started) = (shared.current(), Instant::now());
@@ -402,5 +447,32 @@ impl SentinelBackend {
 
     pub(crate) fn grants_need_confirming(&self) -> bool {
         self.shared.acks.is_some()
+    }
+}
+
+/// What an operator does: on the primary, as every lock operation.
+impl SentinelBackend {
+    pub(crate) async fn inspect(&self, name: &LockName) -> Result<Seen, Fault> {
+        self.shared
+            .on_primary(|p| async move { p.node.inspect(name).await })
+            .await
+    }
+
+    /// Not run again on a new primary after a failure: the first run may
+    /// have handed the lock to a waiter there, which a second run would
+    /// then clear too. The primary is looked up again for the next call.
+    pub(crate) async fn force_release(&self, name: &LockName) -> Result<Vec<String>, Fault> {
+        let (primary, started) = (self.shared.current(), Instant::now());
+        let out = primary.node.force_release(name, Wake::IfReleased).await;
+        if matches!(&out, Err(e) if may_have_moved(e)) {
+            self.shared.after_failure(&primary, started).await;
+        }
+        out
+    }
+
+    pub(crate) async fn scan(&self, pattern: &str) -> Result<Vec<String>, Fault> {
+        self.shared
+            .on_primary(|p| async move { p.node.scan(pattern).await })
+            .await
     }
 }

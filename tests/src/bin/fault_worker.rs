@@ -1,18 +1,22 @@
 //! A lock client process for the fault suite (`tests/tests/fault_suite.rs`).
 //!
-//! `fault_worker LOCK_URL STORE_URL|- PROC_ID KEYS TASKS MODE`
+//! `fault_worker LOCK_URL STORE_URL|- PROC_ID KEYS TASKS MODE [SETTINGS]`
 //!
 //! Runs `TASKS` tasks that loop over: pick one of the comma-separated `KEYS`,
 //! acquire it (lease 1 s, wait 2 s), write the fence to the fenced store
 //! (`-`: no store), sometimes hold it a while (a target for SIGSTOP), write
 //! again, release. `MODE` is `manual` (`client.lock`), `attr`
-//! (`#[distributed_lock]`) or `mixed` (a coin per op). One op in
-//! `READ_ONE_IN` takes the read lock instead (`read_lock`, `mode = "read"`):
+//! (`#[distributed_lock]`) or `mixed` (a coin per op). One op in four
+//! takes the read lock instead (`read_lock`, `mode = "read"`):
 //! it shares the key with other readers, writes nothing, and holds it the
 //! same way, so the checker sees readers overlap each other and never a
-//! writer. Every step is printed
-//! as a history line (`tests::history`), stamped with `CLOCK_MONOTONIC`;
-//! `E <message>` lines describe errors.
+//! writer. `SETTINGS` (`lease_ms=5000,wait_ms=12000,read_pct=60`, any of
+//! them) changes the lease, the wait and the share of readers.
+//!
+//! Every step is printed as a history line (`tests::history`), stamped
+//! with `CLOCK_MONOTONIC`: a call's wait with its attempt, how long it took
+//! and what kind of error it ended with. `E <message>` lines describe
+//! errors.
 //!
 //! Control on stdin: `stop` (or end of input) stops starting new ops; when
 //! every task has finished, the worker prints `I <locks still renewed>` and
@@ -21,29 +25,95 @@
 use std::io::BufRead;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use lock_runtime::{distributed_lock, LockClient, LockError};
 use tests::fenced::{FencedStore, Write};
-use tests::history::{Kind, Recorder};
+use tests::history::{Failure, Kind, Recorder};
 
-/// The lease every holder uses (the attribute below says the same).
+/// The lease and wait by default (the literal attributes below say the
+/// same).
 const LEASE: Duration = Duration::from_secs(1);
 const WAIT: Duration = Duration::from_secs(2);
-/// One op in this many is a reader.
-const READ_ONE_IN: u32 = 4;
 /// One op in this many holds its lock for a while.
 const LONG_HOLD_ONE_IN: u32 = 40;
+
+/// How every holder locks (`SETTINGS`).
+#[derive(Debug, Clone, Copy)]
+struct Settings {
+    lease: Duration,
+    wait: Duration,
+    /// Of every 100 ops, this many take the read lock.
+    read_pct: u32,
+}
+
+impl Settings {
+    fn parse(arg: Option<&str>) -> Settings {
+        let mut s = Settings {
+            lease: LEASE,
+            wait: WAIT,
+            read_pct: 25,
+        };
+        for pair in arg.unwrap_or("").split(',').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').expect("SETTINGS: key=value,...");
+            let n: u64 = v.parse().expect("SETTINGS: a number");
+            match k {
+                "lease_ms" => s.lease = Duration::from_millis(n),
+                "wait_ms" => s.wait = Duration::from_millis(n),
+                "read_pct" => s.read_pct = n as u32,
+                _ => panic!("SETTINGS: unknown {k}"),
+            }
+        }
+        s
+    }
+
+    /// The attribute's literal lease and wait say the same.
+    fn literal(&self) -> bool {
+        self.lease == LEASE && self.wait == WAIT
+    }
+}
 
 struct Ctx {
     rec: Recorder,
     store: Option<FencedStore>,
     proc_id: u32,
+    settings: Settings,
 }
 
 fn error_line(what: &str, e: &dyn std::fmt::Display) {
     let msg = e.to_string().replace('\n', " ");
     println!("E {what}: {msg}");
+}
+
+fn ms(d: Duration) -> u64 {
+    d.as_millis() as u64
+}
+
+/// A lock call ended without the lock: how long it took, and why.
+fn call_failed(ctx: &Ctx, op: u64, key: &str, started: Instant, e: &LockError) {
+    let waited = started.elapsed();
+    let kind = match e {
+        LockError::Timeout { .. } => Kind::Timeout {
+            waited_ms: ms(waited),
+        },
+        LockError::Backend(_) => Kind::Failed {
+            waited_ms: ms(waited),
+            error: Failure::Backend,
+        },
+        _ => Kind::Failed {
+            waited_ms: ms(waited),
+            error: Failure::Other,
+        },
+    };
+    ctx.rec.record(op, key, kind);
+    if !matches!(e, LockError::Timeout { .. }) {
+        let what = format!(
+            "acquire (after {} ms of a {} ms wait)",
+            ms(waited),
+            ms(ctx.settings.wait)
+        );
+        error_line(&what, e);
+    }
 }
 
 /// The holder's work: fenced writes (none for a reader), sometimes a long
@@ -79,14 +149,26 @@ async fn write(ctx: &Ctx, op: u64, key: &str, fence: u64) {
     ctx.rec.record(op, key, kind);
 }
 
+fn attempt(ctx: &Ctx, op: u64, key: &str) -> Instant {
+    ctx.rec.record(
+        op,
+        key,
+        Kind::Attempt {
+            wait_ms: ms(ctx.settings.wait),
+        },
+    );
+    Instant::now()
+}
+
 async fn manual_op(client: &LockClient, ctx: &Ctx, op: u64, key: &str, read: bool) {
-    ctx.rec.record(op, key, Kind::Attempt);
+    let started = attempt(ctx, op, key);
     let request = if read {
         client.read_lock(key)
     } else {
         client.write_lock(key)
     };
-    match request.lease(LEASE).wait(WAIT).await {
+    let Settings { lease, wait, .. } = ctx.settings;
+    match request.lease(lease).wait(wait).await {
         Ok(guard) => {
             let fence = guard.fence();
             ctx.rec.record(op, key, acquired(fence, read));
@@ -115,10 +197,9 @@ async fn manual_op(client: &LockClient, ctx: &Ctx, op: u64, key: &str, read: boo
             };
             ctx.rec.record(op, key, kind);
         }
-        Err(LockError::Timeout { .. }) => ctx.rec.record(op, key, Kind::Timeout),
+        Err(e @ LockError::Timeout { .. }) => call_failed(ctx, op, key, started, &e),
         Err(e) => {
-            ctx.rec.record(op, key, Kind::Failed);
-            error_line("acquire", &e);
+            call_failed(ctx, op, key, started, &e);
             tokio::time::sleep(Duration::from_millis(fastrand::u64(20..60))).await;
         }
     }
@@ -163,33 +244,55 @@ async fn attributed_read(key: &str, op: u64, ctx: &Ctx) -> Result<(), OpError> {
     body(key, op, ctx, true).await
 }
 
+/// With the client's lease and wait (`SETTINGS`).
+#[distributed_lock(key = "{key}")]
+async fn attributed_configured(key: &str, op: u64, ctx: &Ctx) -> Result<(), OpError> {
+    body(key, op, ctx, false).await
+}
+
+#[distributed_lock(key = "{key}", mode = "read")]
+async fn attributed_configured_read(key: &str, op: u64, ctx: &Ctx) -> Result<(), OpError> {
+    body(key, op, ctx, true).await
+}
+
 async fn attr_op(ctx: &Ctx, op: u64, key: &str, read: bool) {
-    ctx.rec.record(op, key, Kind::Attempt);
-    let out = if read {
-        attributed_read(key, op, ctx).await
-    } else {
-        attributed(key, op, ctx).await
+    let started = attempt(ctx, op, key);
+    let out = match (read, ctx.settings.literal()) {
+        (true, true) => attributed_read(key, op, ctx).await,
+        (false, true) => attributed(key, op, ctx).await,
+        (true, false) => attributed_configured_read(key, op, ctx).await,
+        (false, false) => attributed_configured(key, op, ctx).await,
     };
     match out {
         Ok(()) => {}
         // The body was stopped: the lock was lost while it ran.
         Err(OpError::Lock(LockError::Lost { .. })) => ctx.rec.record(op, key, Kind::Lost),
-        Err(OpError::Lock(LockError::Timeout { .. })) => ctx.rec.record(op, key, Kind::Timeout),
-        Err(e) => {
-            ctx.rec.record(op, key, Kind::Failed);
-            error_line("attributed acquire", &format!("{e:?}"));
+        Err(OpError::Lock(e @ LockError::Timeout { .. })) => call_failed(ctx, op, key, started, &e),
+        Err(OpError::Lock(e)) => {
+            call_failed(ctx, op, key, started, &e);
             tokio::time::sleep(Duration::from_millis(fastrand::u64(20..60))).await;
+        }
+        Err(OpError::NoFence) => {
+            ctx.rec.record(
+                op,
+                key,
+                Kind::Failed {
+                    waited_ms: ms(started.elapsed()),
+                    error: Failure::Other,
+                },
+            );
+            println!("E attributed body: ran without a token");
         }
     }
 }
 
-async fn connect(url: &str) -> LockClient {
+async fn connect(url: &str, settings: Settings) -> LockClient {
     // Redis (or the proxy in front of it) may be faulted right now.
     let mut last = None;
     for _ in 0..60 {
         match LockClient::builder()
-            .lease(LEASE)
-            .wait(WAIT)
+            .lease(settings.lease)
+            .wait(settings.wait)
             .connect(url)
             .await
         {
@@ -205,11 +308,11 @@ async fn connect(url: &str) -> LockClient {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    assert_eq!(
-        args.len(),
-        7,
-        "usage: fault_worker LOCK_URL STORE_URL|- PROC_ID KEYS TASKS MODE"
+    assert!(
+        matches!(args.len(), 7 | 8),
+        "usage: fault_worker LOCK_URL STORE_URL|- PROC_ID KEYS TASKS MODE [SETTINGS]"
     );
+    let settings = Settings::parse(args.get(7).map(String::as_str));
     let (lock_url, store_url) = (args[1].clone(), args[2].clone());
     let proc_id: u32 = args[3].parse().expect("PROC_ID");
     let keys: Vec<String> = args[4].split(',').map(str::to_owned).collect();
@@ -244,7 +347,7 @@ fn main() {
         .build()
         .expect("runtime");
     rt.block_on(async move {
-        let client = connect(&lock_url).await;
+        let client = connect(&lock_url, settings).await;
         lock_runtime::init(client.clone()).expect("init");
         let store = if store_url == "-" {
             None
@@ -259,6 +362,7 @@ fn main() {
             rec: Recorder::stdout(proc_id),
             store,
             proc_id,
+            settings,
         });
         let next_op = Arc::new(AtomicU64::new(1));
         let handles: Vec<_> = (0..tasks)
@@ -280,7 +384,7 @@ fn main() {
                             "mixed" => fastrand::bool(),
                             _ => false,
                         };
-                        let read = fastrand::u32(..READ_ONE_IN) == 0;
+                        let read = fastrand::u32(..100) < ctx.settings.read_pct;
                         if attr {
                             attr_op(&ctx, op, key, read).await;
                         } else {

@@ -1,0 +1,453 @@
+//! The `lockctl` binary against real servers: what it prints (text and
+//! JSON), its exit status (0 found, 1 not found, 2 error), a forced
+//! release that serves the waiter, `list` over every primary of a Cluster,
+//! TLS with an ACL user, and a clear error for a server that is down or
+//! silent.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use lock_runtime::{LockClient, LockError, LockGuard};
+use serde_json::Value;
+use tests::cluster::{key_slot, Cluster};
+use tests::proxy::{Mode, Proxy};
+use tests::{eventually, free_port, unique, RedisServer};
+
+/// What one run of `lockctl` did.
+#[derive(Debug)]
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+    took: Duration,
+}
+
+impl Run {
+    /// Every stdout line as JSON.
+    fn json(&self) -> Vec<Value> {
+        self.stdout
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+            .collect()
+    }
+
+    fn one(&self) -> Value {
+        let mut all = self.json();
+        assert_eq!(all.len(), 1, "{self:?}");
+        all.remove(0)
+    }
+}
+
+/// Run `lockctl args` (off the async runtime), with `REDIS_URL` set to
+/// `env_url` if given and unset otherwise.
+async fn lockctl(env_url: Option<&str>, args: &[&str]) -> Run {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lockctl"));
+    cmd.args(args);
+    for var in [
+        "REDIS_URL",
+        "LOCK_REDIS_URL",
+        "LOCK_REDIS_SENTINELS",
+        "LOCK_REDIS_MASTER",
+        "LOCK_REDIS_CLUSTER",
+        "LOCK_REDIS_REDLOCK",
+    ] {
+        cmd.env_remove(var);
+    }
+    if let Some(url) = env_url {
+        cmd.env("REDIS_URL", url);
+    }
+    tokio::task::spawn_blocking(move || {
+        let started = Instant::now();
+        let out = cmd.output().expect("run lockctl");
+        Run {
+            code: out.status.code().expect("lockctl was killed"),
+            stdout: String::from_utf8(out.stdout).unwrap(),
+            stderr: String::from_utf8(out.stderr).unwrap(),
+            took: started.elapsed(),
+        }
+    })
+    .await
+    .unwrap()
+}
+
+fn strings(v: &Value) -> Vec<&str> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not an array: {v}"))
+        .iter()
+        .map(|s| s.as_str().unwrap())
+        .collect()
+}
+
+/// A lock held by `guard`, as lockctl's JSON shows it.
+fn assert_shows(v: &Value, guard: &LockGuard, waiters: u64) {
+    assert_eq!(v["key"], guard.key());
+    assert_eq!(v["mode"], "write");
+    assert_eq!(strings(&v["holders"]), [guard.holder()]);
+    assert_eq!(v["waiters"], waiters);
+    assert_eq!(v["fence"], guard.fence());
+    let ttl = v["ttl_ms"].as_u64().expect("a lease left");
+    assert!(ttl > 0 && ttl <= 30_000, "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn show_list_and_release_on_one_redis() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let (a, b) = (
+        LockClient::connect(&url).await.unwrap(),
+        LockClient::connect(&url).await.unwrap(),
+    );
+    let base = unique("cli");
+    let (held, read, fenced) = (
+        format!("{base}:held"),
+        format!("{base}:read"),
+        format!("{base}:fence-only"),
+    );
+
+    // Nothing there: status 1, and nothing on stdout in JSON.
+    let run = lockctl(Some(&url), &["show", &held]).await;
+    assert_eq!(
+        (run.code, run.stdout.trim()),
+        (1, &*format!("{held}: not held, nobody waits")),
+        "{run:?}"
+    );
+    let run = lockctl(None, &["--url", &url, "--json", "show", &held]).await;
+    assert_eq!((run.code, run.stdout.as_str()), (1, ""), "{run:?}");
+    let run = lockctl(Some(&url), &["list", &format!("{base}:*"), "--json"]).await;
+    assert_eq!((run.code, run.stdout.as_str()), (1, ""), "{run:?}");
+
+    // A held key with a waiter of another client; a read-held key; a key
+    // whose only trace is its fence counter.
+    let holder = a.lock(&held).lease(Duration::from_secs(30)).await.unwrap();
+    let waiter = {
+        let (b, held) = (b.clone(), held.clone());
+        tokio::spawn(async move { b.lock(&held).wait(Duration::from_secs(30)).await })
+    };
+    assert!(eventually(Duration::from_secs(10), || b.waiting_here(&held) == 1).await);
+    let r1 = a.read_lock(&read).await.unwrap();
+    let r2 = b.read_lock(&read).await.unwrap();
+    a.lock(&fenced).await.unwrap().release().await.unwrap();
+
+    // `--json` before or after the subcommand; the URL from $REDIS_URL or
+    // --url.
+    let run = lockctl(Some(&url), &["--json", "show", &held]).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_shows(&run.one(), &holder, 1);
+    let run = lockctl(None, &["show", &held, "--json", "--url", &url]).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_shows(&run.one(), &holder, 1);
+    let run = lockctl(Some(&url), &["--json", "show", &read]).await;
+    let v = run.one();
+    assert_eq!(v["mode"], "read");
+    let mut readers = strings(&v["holders"]);
+    readers.sort();
+    let mut expected = [r1.holder(), r2.holder()];
+    expected.sort();
+    assert_eq!(readers, expected);
+    assert_eq!(v["fence"], r1.fence());
+
+    let run = lockctl(Some(&url), &["list", &format!("{base}:*"), "--json"]).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    let listed = run.json();
+    let keys: Vec<&str> = listed.iter().map(|v| v["key"].as_str().unwrap()).collect();
+    assert_eq!(keys, [held.as_str(), read.as_str()], "{run:?}");
+    assert_shows(&listed[0], &holder, 1);
+    // Text: a header and one aligned row per lock.
+    let run = lockctl(Some(&url), &["list", &format!("{base}:*")]).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    let lines: Vec<&str> = run.stdout.lines().collect();
+    assert_eq!(lines.len(), 3, "{run:?}");
+    assert!(
+        lines[0].starts_with("KEY") && lines[0].contains("HOLDERS"),
+        "{run:?}"
+    );
+    assert!(
+        lines[1].starts_with(&held) && lines[1].contains(holder.holder()),
+        "{run:?}"
+    );
+    assert!(
+        lines[2].starts_with(&read) && lines[2].contains(" read "),
+        "{run:?}"
+    );
+
+    // Without --force: refused, and nothing changed.
+    let run = lockctl(Some(&url), &["release", &held]).await;
+    assert_eq!(run.code, 2, "{run:?}");
+    assert!(run.stderr.contains("--force"), "{run:?}");
+    assert!(!holder.is_lost());
+    assert_eq!(
+        a.inspect(&held).await.unwrap().unwrap().holders,
+        [holder.holder()]
+    );
+
+    // With it: the waiter holds the lock when lockctl returns.
+    let run = lockctl(Some(&url), &["--json", "release", &held, "--force"]).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    let v = run.one();
+    assert_eq!(v["released"], true);
+    assert_eq!(strings(&v["before"]["holders"]), [holder.holder()]);
+    let next = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter was not served")
+        .unwrap()
+        .unwrap();
+    assert_eq!(strings(&v["after"]["holders"]), [next.holder()]);
+    assert_eq!(v["after"]["fence"], next.fence());
+    assert!(matches!(
+        holder.release().await,
+        Err(LockError::Lost { .. })
+    ));
+    next.release().await.unwrap();
+
+    // Nothing left to release: status 1.
+    let run = lockctl(Some(&url), &["release", "--force", &held]).await;
+    assert_eq!(run.code, 1, "{run:?}");
+    assert!(run.stdout.contains("nothing released"), "{run:?}");
+
+    // Another prefix is another set of locks.
+    let app = LockClient::builder()
+        .key_prefix("app:")
+        .connect(&url)
+        .await
+        .unwrap();
+    let other = app.lock(&held).await.unwrap();
+    let run = lockctl(Some(&url), &["--json", "show", &held]).await;
+    assert_eq!(run.code, 1, "{run:?}");
+    let run = lockctl(Some(&url), &["--prefix", "app:", "--json", "show", &held]).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_shows(&run.one(), &other, 0);
+
+    // Bad usage is an error too.
+    let run = lockctl(Some(&url), &["show"]).await;
+    assert_eq!(run.code, 2, "{run:?}");
+    let run = lockctl(Some(&url), &["show", ""]).await;
+    assert_eq!(run.code, 2, "{run:?}");
+    assert!(run.stderr.contains("invalid lock key"), "{run:?}");
+    for g in [other, r1, r2] {
+        g.release().await.unwrap();
+    }
+}
+
+/// A server that is down, or up but silent, is status 2 with a message
+/// that says what failed, well before anyone would give up on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_server_is_a_clear_error() {
+    let down = format!("redis://127.0.0.1:{}", free_port());
+    let run = lockctl(Some(&down), &["list"]).await;
+    println!("down: {:?} {}", run.took, run.stderr.trim());
+    assert_eq!(run.code, 2, "{run:?}");
+    assert!(
+        run.stderr.contains("cannot reach the lock service"),
+        "{run:?}"
+    );
+    assert!(run.stderr.contains("127.0.0.1"), "{run:?}");
+
+    let server = RedisServer::start();
+    let proxy = Proxy::for_server(&server);
+    proxy.set(Mode::Blackhole);
+    let run = lockctl(
+        None,
+        &["--url", &proxy.url(), "--timeout", "1s", "show", "k"],
+    )
+    .await;
+    println!("silent: {:?} {}", run.took, run.stderr.trim());
+    assert_eq!(run.code, 2, "{run:?}");
+    assert!(run.stderr.contains("no answer within"), "{run:?}");
+    // Bounded by the timeouts (connect + first answer), not hanging.
+    assert!(run.took < Duration::from_secs(20), "{run:?}");
+
+    let run = lockctl(None, &["list"]).await;
+    assert_eq!(run.code, 2, "{run:?}");
+    assert!(run.stderr.contains("REDIS_URL"), "{run:?}");
+}
+
+/// On a Cluster `list` scans every primary: keys spread over the slots of
+/// all three are listed, each once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_on_a_cluster_covers_every_primary() {
+    let cluster = Cluster::start(3, 0, 5000);
+    let urls = cluster.urls();
+    let client = LockClient::cluster(&urls).await.unwrap();
+    let base = unique("cli-slots");
+    let mut keys: Vec<String> = (0..12).map(|i| format!("{base}:{i}")).collect();
+    keys.sort();
+    let mut guards = Vec::new();
+    for k in &keys {
+        guards.push(client.lock(k).await.unwrap());
+    }
+    let primaries: std::collections::BTreeSet<usize> = keys
+        .iter()
+        .map(|k| cluster.slot_owner(key_slot(&format!("lock:{{{k}}}"))))
+        .collect();
+    assert_eq!(primaries.len(), 3, "keys on {primaries:?} only");
+    let run = lockctl(
+        None,
+        &[
+            "--cluster",
+            "--url",
+            &urls[0],
+            "--json",
+            "list",
+            &format!("{base}:*"),
+        ],
+    )
+    .await;
+    assert_eq!(run.code, 0, "{run:?}");
+    let listed: Vec<String> = run
+        .json()
+        .iter()
+        .map(|v| v["key"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(listed, keys);
+    let run = lockctl(
+        None,
+        &[
+            "--cluster",
+            "--url",
+            &urls.join(","),
+            "--json",
+            "show",
+            &keys[5],
+        ],
+    )
+    .await;
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(strings(&run.one()["holders"]), [guards[5].holder()]);
+    let run = lockctl(
+        None,
+        &[
+            "--cluster",
+            "--url",
+            &urls[1],
+            "release",
+            "--force",
+            &keys[5],
+        ],
+    )
+    .await;
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(
+        tokio::time::timeout(Duration::from_secs(10), guards[5].lost())
+            .await
+            .is_ok()
+    );
+    for g in guards {
+        let _ = g.release().await;
+    }
+}
+
+/// `rediss://user:password@…` with a private CA (`--tls-ca`), as the
+/// library takes it; a wrong password is status 2, and never printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_and_an_acl_user() {
+    let dir = std::env::temp_dir().join(unique("lockctl-tls"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let openssl = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(&dir)
+            .output()
+            .expect("openssl must be installed");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=lockctl CA",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+    ]);
+    openssl(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=localhost",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+    ]);
+    std::fs::write(
+        dir.join("san.ext"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+    )
+    .unwrap();
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        "san.ext",
+        "-out",
+        "server.crt",
+    ]);
+    let path = |f: &str| dir.join(f).display().to_string();
+    let tls_port = free_port();
+    let tls_port_s = tls_port.to_string();
+    let (cert, key, ca) = (path("server.crt"), path("server.key"), path("ca.crt"));
+    let _server = RedisServer::start_with(&[
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--tls-port",
+        &tls_port_s,
+        "--tls-cert-file",
+        &cert,
+        "--tls-key-file",
+        &key,
+        "--tls-ca-cert-file",
+        &ca,
+        "--tls-auth-clients",
+        "no",
+        "--user",
+        "default",
+        "off",
+        "--user",
+        "ops",
+        "on",
+        ">ops-pw",
+        "~*",
+        "&*",
+        "+@all",
+    ]);
+    let url = format!("rediss://ops:ops-pw@127.0.0.1:{tls_port}");
+    let client = LockClient::builder()
+        .tls_root_ca(&std::fs::read(&ca).unwrap())
+        .connect(&url)
+        .await
+        .unwrap();
+    let k = unique("tls");
+    let g = client.lock(&k).await.unwrap();
+    let run = lockctl(Some(&url), &["--tls-ca", &ca, "--json", "show", &k]).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_shows(&run.one(), &g, 0);
+    let wrong = format!("rediss://ops:not-the-pw@127.0.0.1:{tls_port}");
+    let run = lockctl(Some(&wrong), &["--tls-ca", &ca, "show", &k]).await;
+    assert_eq!(run.code, 2, "{run:?}");
+    assert!(!run.stderr.contains("not-the-pw"), "{run:?}");
+    g.release().await.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
