@@ -27,6 +27,40 @@ impl Report {
         self.found.contains_key(property)
     }
 
+    /// The properties violated (examples of `sometimes` ones left out).
+    pub fn violations(&self) -> Vec<&'static str> {
+        self.found
+            .keys()
+            .copied()
+            .filter(|p| !crate::properties::is_example(p))
+            .collect()
+    }
+
+    /// Panics unless the whole space was explored and no property was
+    /// violated; prints each counterexample first.
+    pub fn assert_clean(&self) {
+        assert!(
+            self.complete,
+            "{}: the space was not explored to the end",
+            self.name
+        );
+        let failures = self.violations();
+        for p in &failures {
+            println!("== {}: {p}\n{}", self.name, self.found[p]);
+        }
+        assert!(failures.is_empty(), "{}: {failures:?}", self.name);
+    }
+
+    /// Panics unless the checker found an example of the `sometimes`
+    /// property `property` (the world reaches what it is meant to).
+    pub fn assert_reached(&self, property: &str) {
+        assert!(
+            self.has(property),
+            "{}: never reached: {property}",
+            self.name
+        );
+    }
+
     /// The counterexample of `property`, or a panic that says what ran.
     pub fn trace(&self, property: &str) -> &str {
         self.found
@@ -63,7 +97,7 @@ pub fn run(name: &str, world: World, stop_at: Option<&'static str>) -> Report {
     let failures: Vec<&&str> = report
         .found
         .keys()
-        .filter(|p| **p != crate::properties::HANDED_OVER)
+        .filter(|p| !crate::properties::is_example(p))
         .collect();
     println!(
         "{name}: {} states ({} unique), depth {}, {:.1?}; violated: {failures:?}",

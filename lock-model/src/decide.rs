@@ -1,27 +1,68 @@
-//! What a lock client decides, as plain functions of (state, event) →
-//! what to do next: the sans-IO core of the runtime as the model runs it.
-//! Each function says which runtime code it mirrors; once the runtime has
-//! these decisions as functions of its own, the model calls those instead.
+//! The client's decisions, as the runtime makes them: every choice here is
+//! a call into the runtime's own sans-IO protocol core
+//! (`lock_runtime::__protocol`, `lock-runtime/src/protocol/`), with the
+//! model's clock. What stays in this file is the wiring the runtime's
+//! loops do between those calls (which decision follows which answer), so
+//! that `world.rs` deals in connections and timers only. Each function
+//! names the runtime code whose wiring it repeats.
 //!
-//! Times are ms on one clock shared by the clients and the server (the
-//! server's clock is this one plus [`crate::world::EPOCH_MS`]).
+//! Times are model ms on one clock shared by the clients and the server
+//! (the server's clock is this one plus [`crate::world::EPOCH_MS`]).
 
-use crate::defects::Defects;
+use std::time::Duration;
 
-/// The runtime's timing constants, in model ms.
+use lock_runtime::__protocol::{self as protocol, Moment};
+pub use lock_runtime::__protocol::{
+    AfterBusy, Listening, OnGrant, Queued, Route, Stamp, Tick, Verdict,
+};
+
+/// A moment on the model's clock, in ms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Ms(pub u64);
+
+impl Moment for Ms {
+    fn checked_after(self, d: Duration) -> Option<Self> {
+        Some(Ms(self
+            .0
+            .checked_add(u64::try_from(d.as_millis()).ok()?)?))
+    }
+
+    fn since(self, earlier: Self) -> Duration {
+        Duration::from_millis(self.0.saturating_sub(earlier.0))
+    }
+}
+
+/// Model ms of a duration.
+pub fn ms(d: Duration) -> u64 {
+    d.as_millis() as u64
+}
+
+fn dur(ms: u64) -> Duration {
+    Duration::from_millis(ms)
+}
+
+/// One request's acquire loop (`protocol::Acquiring` on the model's clock).
+pub type Acquiring = protocol::Acquiring<Ms>;
+/// One held lock in the watchdog (`protocol::Renewing`).
+pub type Renewing = protocol::Renewing<Ms>;
+
+/// The runtime's timing: the client's `Config` and the constants of the
+/// runtime the protocol leaves to the loops, in model ms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Timing {
     /// `Config::retry_delay`.
     pub retry_delay: u64,
-    /// `Config::retry_jitter` (the model takes no jitter: 0 for the
-    /// random part, this much in the queue stay).
+    /// `Config::retry_jitter`: in the queue stay in full; every random
+    /// part (of a nap, of a pause) is 0 in the model.
     pub retry_jitter: u64,
     /// `Config::op_timeout`.
     pub op_timeout: u64,
-    /// `wakeups::ORPHAN_AFTER`.
+    /// `protocol::ORPHAN_AFTER`.
     pub orphan_after: u64,
     /// `backend::LINGER`.
     pub linger: u64,
+    /// `node.rs::MIN_SEND`: the least time a send is given.
+    pub min_send: u64,
 }
 
 impl Default for Timing {
@@ -30,42 +71,33 @@ impl Default for Timing {
             retry_delay: 1000,
             retry_jitter: 50,
             op_timeout: 2000,
-            orphan_after: 1000,
+            orphan_after: ms(protocol::ORPHAN_AFTER),
             linger: 2000,
+            min_send: 20,
         }
     }
 }
 
-/// The part of a lock request the acquire loop keeps between awaits
-/// (`request.rs`, `acquire_in_span`: the locals of its `loop`).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Acquiring {
-    pub lease: u64,
-    pub started: u64,
-    pub deadline: u64,
-    pub failures: u8,
-    /// `queued_once`: an attempt of this owner may have joined the queue.
-    pub queued_once: bool,
-    /// `queued_at`: when the last queuing attempt was sent (local ms) and
-    /// the server's clock then (server ms).
-    pub queued_at: Option<(u64, u64)>,
-    /// `Unsure::pending`: an attempt of this owner may have taken the lock
-    /// unseen; a request that ends now releases it.
-    pub pending: bool,
-    /// When the attempt in flight was sent, and whether it may queue.
-    pub sent_at: u64,
-    pub may_queue: bool,
-    /// The holder's remaining TTL from the last busy answer.
-    pub ttl: Option<u64>,
+impl Timing {
+    /// The protocol's view of it.
+    pub fn protocol(&self) -> protocol::Timing {
+        protocol::Timing {
+            retry_delay: dur(self.retry_delay),
+            retry_jitter: dur(self.retry_jitter),
+            op_timeout: dur(self.op_timeout),
+        }
+    }
 }
 
-/// An acquire attempt to send (`request.rs`: the `Queue` built at the top
-/// of the loop).
+/// An acquire attempt to send (`protocol::Outgoing`, what `request.rs`
+/// builds its `Queue` from).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Attempt {
     /// Stay queued this long if busy; `None`: just try once.
     pub stay: Option<u64>,
     pub rejoin: bool,
+    /// No answer from the server yet: the send ends by then.
+    pub by: Option<u64>,
 }
 
 /// What an attempt came back with, as `RedisNode::acquire` reads
@@ -79,8 +111,9 @@ pub enum Answer {
         ttl: Option<u64>,
         queued: Option<u64>,
     },
-    /// A connection cut or no answer within `op_timeout`.
-    Transient,
+    /// A connection cut or no answer within `op_timeout`; `ran`: the
+    /// command may have run (`Fault::may_have_run`).
+    Transient { ran: bool },
     /// A script error.
     Refused,
 }
@@ -88,10 +121,9 @@ pub enum Answer {
 /// How a request ends without a guard.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Failed {
-    /// `LockError::Timeout`: busy until the wait ran out.
+    /// `LockError::Timeout`: the lock was seen busy and the wait ran out.
     Timeout,
-    /// A backend error (transient faults until the wait ran out, or a
-    /// refusal).
+    /// A backend error (the lock never seen busy, or a refusal).
     Backend,
     /// The caller dropped the future.
     Cancelled,
@@ -100,282 +132,167 @@ pub enum Failed {
 /// What the request does next.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Next {
-    /// Send this attempt (the request has marked itself `pending`).
-    Attempt(Attempt),
     /// Return a guard: the lock is held with `fence`, its lease counted
-    /// from `from`.
-    Hold { fence: u64, from: u64 },
-    /// The grant came too late: release the old owner in the background
-    /// (`client.release_in_background`), go on under a new owner, and
-    /// pause until `until` (or give up, see [`Next::GiveUp`]).
-    Late { pause: Option<u64> },
-    /// Sleep until `until`, then attempt again (`pause_or_give_up`).
+    /// from `from`; `settle`: a grant message of the same hand-off may
+    /// still come (`Claim::settle`).
+    Hold { fence: u64, from: u64, settle: bool },
+    /// The grant came too late: undo the old owner in the background, go
+    /// on under a new owner (with a new claim), and pause until `pause`,
+    /// or give up as `Failed` if there is no time for that.
+    Late { pause: Result<u64, Failed> },
+    /// Sleep until `until`, then attempt again.
     Pause { until: u64 },
-    /// End the request; the world releases the owner if `pending`
+    /// End the request; the world undoes the owner if `pending`
     /// (`Unsure::drop`).
     GiveUp(Failed),
     /// Register as a waiter (subscribe if needed), then nap.
     Listen,
 }
 
-/// The top of the acquire loop: build and send an attempt
-/// (`request.rs`, `loop { let left = ...; let queue = Queue {...};
-/// unsure.pending = true; ... }`).
+/// A new request (`request.rs`, `acquire_in_span`: `Acquiring::new`).
+pub fn start(now: u64, wait: u64, t: &Timing) -> Acquiring {
+    protocol::Acquiring::new(Ms(now), Ms(now + wait), dur(t.op_timeout))
+}
+
+/// The top of the acquire loop (`unsure.acq.attempt(now)`).
 pub fn attempt(a: &mut Acquiring, now: u64, t: &Timing) -> Attempt {
-    let left = a.deadline.saturating_sub(now);
-    let stay = (left > 0).then(|| left.min(t.retry_delay) + t.retry_jitter + 2 * t.op_timeout);
-    a.pending = true;
-    a.may_queue = stay.is_some();
-    a.sent_at = now;
+    let out = a.attempt(Ms(now), &t.protocol());
     Attempt {
-        stay,
-        rejoin: a.queued_once,
+        stay: out.stay.map(ms),
+        rejoin: out.rejoin,
+        by: out.by.map(|m| m.0),
+    }
+}
+
+/// Pause or give up after a failure (`request.rs::pause_or_give_up`, with
+/// `gave_up` choosing the error).
+fn pause_or_give_up(a: &Acquiring, now: u64, t: &Timing) -> Result<u64, Failed> {
+    match a.pause(Ms(now), 0.0, &t.protocol()) {
+        Some(p) => Ok(now + ms(p)),
+        None if a.ends_as_timeout() => Err(Failed::Timeout),
+        None => Err(Failed::Backend),
     }
 }
 
 /// The answer of an attempt (`request.rs`, `match out { ... }` after
-/// `attempt(..).await`, with `attempt()` and `granted()`).
-pub fn on_answer(a: &mut Acquiring, now: u64, answer: Answer, t: &Timing) -> Next {
+/// `attempt(..).await`, with `granted()`'s lateness check).
+pub fn on_answer(a: &mut Acquiring, now: u64, answer: Answer, lease: u64, t: &Timing) -> Next {
     match answer {
         Answer::Granted { fence } => {
-            // `granted()`: the lease counts from the send.
-            if now.saturating_sub(a.sent_at) >= a.lease {
-                a.pending = false;
-                a.failures += 1;
-                reset_owner(a);
+            // The lease counts from the send.
+            let from = a.sent_at;
+            if protocol::Acquiring::too_late(from, Ms(now), dur(lease), Duration::ZERO) {
+                a.late(true);
                 return Next::Late {
                     pause: pause_or_give_up(a, now, t),
                 };
             }
-            a.pending = false;
+            let settle = a.held(true);
             Next::Hold {
                 fence,
-                from: a.sent_at,
+                from: from.0,
+                settle,
             }
         }
-        Answer::Busy { ttl, queued } => {
-            a.failures = 0;
-            if let Some(q) = queued {
-                a.queued_once = true;
-                a.queued_at = Some((a.sent_at, q));
-            }
-            a.pending = a.queued_once;
-            a.ttl = ttl;
-            if now >= a.deadline {
-                return Next::GiveUp(Failed::Timeout);
-            }
-            Next::Listen
-        }
-        Answer::Transient => {
-            a.queued_once |= a.may_queue;
-            a.failures += 1;
+        Answer::Busy { ttl: _, queued } => match a.busy(queued.map(Queued::At), Ms(now)) {
+            AfterBusy::GiveUp => Next::GiveUp(Failed::Timeout),
+            AfterBusy::Listen => Next::Listen,
+        },
+        Answer::Transient { ran } => {
+            a.failed(ran);
             match pause_or_give_up(a, now, t) {
-                Some(until) => Next::Pause { until },
-                None => Next::GiveUp(Failed::Backend),
+                Ok(until) => Next::Pause { until },
+                Err(f) => Next::GiveUp(f),
             }
         }
         Answer::Refused => {
-            a.pending = a.queued_once;
+            a.refused();
             Next::GiveUp(Failed::Backend)
         }
     }
 }
 
-/// A new owner id after a late grant (`(owner, waiter, queued_once,
-/// queued_at) = (new_owner(), None, false, None)`).
-fn reset_owner(a: &mut Acquiring) {
-    a.queued_once = false;
-    a.queued_at = None;
-}
-
-/// `request.rs::pause_or_give_up`: 20 ms doubling up to `retry_delay`
-/// (without its random half); `None` if the pause would pass the deadline.
-pub fn pause_or_give_up(a: &Acquiring, now: u64, t: &Timing) -> Option<u64> {
-    let cap = t.retry_delay.max(1);
-    let base = (20u64 << (a.failures.clamp(1, 7) - 1)).min(cap);
-    (now + base < a.deadline).then_some(now + base)
-}
-
-/// After a fresh subscription (`if fresh && !client.still_waits(..)`):
-/// whether to ask the server if the owner still waits (`Some(true)`:
-/// ask), or attempt again at once (`Some(false)`); `None`: just nap.
-pub fn after_subscribe(a: &Acquiring, fresh: bool) -> Option<bool> {
-    fresh.then_some(a.queued_at.is_some())
-}
-
-/// The nap before the next attempt (`let nap = (ttl.unwrap_or(lease)
-/// .min(retry_delay) + jitter).min(deadline - now)`).
-pub fn nap_until(a: &Acquiring, now: u64, t: &Timing) -> u64 {
-    let nap = a.ttl.unwrap_or(a.lease).min(t.retry_delay);
-    (now + nap).min(a.deadline)
-}
-
-/// A grant handed over by a release reached this waiter (`request.rs`,
-/// after `Woken::Granted(g)`: `is_stale`, `grants_need_confirming`,
-/// `lease_start`, `granted`). `at`: the server ms of the hand-off.
+/// A grant handed over by a release reached the request (`request.rs`,
+/// after `Woken::Granted(g)`: `on_grant`, then `granted()`). `at_server`:
+/// the server ms of the hand-off, heard `now`. `None`: attempt again.
 pub fn on_grant(
     a: &mut Acquiring,
     now: u64,
-    fence: u64,
-    at_server: u64,
-    needs_confirming: bool,
+    (fence, at_server): (u64, u64),
+    confirming: bool,
+    lease: u64,
     t: &Timing,
 ) -> Option<Next> {
-    if is_stale(a.queued_at, at_server) || needs_confirming {
-        // Attempt again: `continue`.
-        return None;
-    }
-    let from = lease_start(a.started, a.queued_at, at_server, now);
-    if now.saturating_sub(from) >= a.lease {
-        a.pending = false;
-        a.failures += 1;
-        reset_owner(a);
+    let from = match a.on_grant(Stamp::ServerMs(at_server, Ms(now)), confirming) {
+        OnGrant::Stale | OnGrant::Confirm => return None,
+        OnGrant::Take { from } => from,
+    };
+    if protocol::Acquiring::too_late(from, Ms(now), dur(lease), Duration::ZERO) {
+        a.late(false);
         return Some(Next::Late {
             pause: pause_or_give_up(a, now, t),
         });
     }
-    a.pending = false;
-    Some(Next::Hold { fence, from })
+    a.held(false);
+    Some(Next::Hold {
+        fence,
+        from: from.0,
+        settle: false,
+    })
 }
 
-/// `request.rs::is_stale`.
-pub fn is_stale(queued_at: Option<(u64, u64)>, at_server: u64) -> bool {
-    matches!(queued_at, Some((_, q)) if at_server < q)
+/// After subscribing (`request.rs`, the `listen` future).
+pub fn listening(a: &Acquiring, fresh: bool) -> Listening {
+    a.listening(fresh)
 }
 
-/// `request.rs::lease_start` (server and local clocks are one here, so
-/// `heard` is now).
-pub fn lease_start(started: u64, queued_at: Option<(u64, u64)>, at_server: u64, heard: u64) -> u64 {
-    match queued_at {
-        Some((sent, q)) => {
-            let server = at_server.saturating_sub(q);
-            if server > heard.saturating_sub(sent) {
-                sent
-            } else {
-                sent + server
-            }
-        }
-        None => started,
-    }
+/// When the nap before the next attempt ends (`unsure.acq.nap(ttl, ..)`).
+pub fn nap_until(a: &Acquiring, ttl: Option<u64>, lease: u64, now: u64, t: &Timing) -> u64 {
+    now + ms(a.nap(ttl.map(dur), dur(lease), Ms(now), 0.0, &t.protocol()))
 }
 
-/// Where a grant message goes (`wakeups.rs::Wakeups::granted`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum GrantRoute {
-    /// Into the mailbox of the waiter registered under its owner.
-    Mailbox,
-    /// Its owner took the lock by asking again (`settled`): dropped.
-    Settled,
-    /// Kept for a waiter about to register; released after
-    /// `ORPHAN_AFTER` if nobody claims it (`client::unclaimed_grant`).
-    Unclaimed,
+/// Where a grant message goes (`claims.rs::granted`).
+pub fn route_grant(live: bool, settled: bool) -> Route {
+    protocol::route(live, settled)
 }
 
-pub fn route_grant(has_mailbox: bool, settled: bool) -> GrantRoute {
-    if has_mailbox {
-        GrantRoute::Mailbox
-    } else if settled {
-        GrantRoute::Settled
-    } else {
-        GrantRoute::Unclaimed
-    }
+/// An orphan's timer fired (`client.rs::release_orphan`).
+pub fn release_orphan(watchdog_holds: bool) -> bool {
+    protocol::orphan_released(watchdog_holds)
 }
 
-/// The orphan timer fired (`client.rs::unclaimed_grant`, the spawned
-/// task: `if wakeups.take_unclaimed(&owner) && !watchdog.holds(..)`):
-/// whether to release the owner's lock. `request_alive`: the owner's
-/// request has an attempt in flight or is a registered waiter (what the
-/// fix of the orphan race looks at; today's code does not).
-pub fn release_orphan(
-    still_unclaimed: bool,
-    watchdog_holds: bool,
-    request_alive: bool,
-    d: &Defects,
-) -> bool {
-    still_unclaimed && !watchdog_holds && (d.orphan_ignores_inflight || !request_alive)
+/// A guard's release at `now` (`guard.rs::Hold::keep_for`): leave the
+/// lock to expire this many ms from now (`min_hold` not over: keep), or
+/// `None`: release it.
+pub fn keep_for(acquired_at: u64, min_hold: Option<u64>, now: u64) -> Option<u64> {
+    let until = protocol::keep_until(Ms(acquired_at), min_hold.map(dur));
+    protocol::keep_for(until, Ms(now)).map(ms)
 }
 
-/// A guard's release (`guard.rs::release_one` / `Hold::end_in_background`
-/// with `keep_for`): leave the lock to expire `left` ms from now
-/// (`min_hold` not over: `keep`, a compare-and-expire through the renewal
-/// script), or release it.
-pub fn release_kind(acquired_at: u64, min_hold: Option<u64>, now: u64) -> Option<u64> {
-    let until = acquired_at + min_hold?;
-    let left = until.saturating_sub(now);
-    (left >= 1).then_some(left)
-}
-
-/// One held lock in the watchdog (`watchdog.rs::Entry`).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Renewing {
-    pub lease: u64,
-    pub next_due: u64,
-    pub deadline: u64,
-    /// `max_hold`: no renewal reaches past this, and the hold is lost here.
-    pub until: Option<u64>,
-}
-
-/// `watchdog.rs::interval`.
-pub fn interval(lease: u64) -> u64 {
-    (lease / 3).max(1)
-}
-
-/// `Watchdog::insert`.
+/// `Watchdog::insert` (no drift: one server).
 pub fn start_renewing(lease: u64, granted_at: u64, until: Option<u64>) -> Renewing {
-    Renewing {
-        lease,
-        next_due: granted_at + interval(lease),
-        deadline: granted_at + lease,
-        until,
-    }
+    protocol::Renewing::start(Ms(granted_at), dur(lease), Duration::ZERO, until.map(Ms))
 }
 
-/// When the watchdog looks at an entry next (`Entry::due`).
-pub fn due(r: &Renewing) -> u64 {
-    let d = r.next_due.min(r.deadline);
-    r.until.map_or(d, |u| d.min(u))
+/// The watchdog's tick for one lock (`watchdog.rs::tick`).
+pub fn tick(r: &Renewing, now: u64, lease: u64) -> Tick {
+    r.tick(Ms(now), dur(lease))
 }
 
-/// The watchdog's tick for one entry (`watchdog.rs::tick`, building the
-/// batch): `Err(())` the hold is lost (`max_hold` reached), `Ok(Some(lease))`
-/// renew with this lease, `Ok(None)` not yet.
-#[allow(clippy::result_unit_err)]
-pub fn tick(r: &Renewing, now: u64) -> Result<Option<u64>, ()> {
-    let left = r.until.map(|u| u.saturating_sub(now));
-    if left.is_some_and(|l| l < 1) {
-        return Err(());
-    }
-    if r.next_due <= now + interval(r.lease) || r.deadline <= now {
-        return Ok(Some(left.map_or(r.lease, |l| r.lease.min(l))));
-    }
-    Ok(None)
-}
-
-/// What a renewal's answer means (`watchdog.rs::tick`, matching the
-/// outcomes): `Some(true)` renewed, `Some(false)` lost now, `None` failed.
-/// Returns whether the hold is lost.
+/// A renewal's answer (`watchdog.rs::tick`, matching the outcomes back):
+/// whether the hold is lost.
 pub fn on_renewed(
     r: &mut Renewing,
-    sent_at: u64,
-    lease_sent: u64,
-    renewed: Option<bool>,
+    verdict: Verdict,
+    (sent_at, sent): (u64, u64),
+    lease: u64,
     now: u64,
 ) -> bool {
-    match renewed {
-        Some(true) => {
-            r.deadline = sent_at + lease_sent;
-            r.next_due = sent_at + interval(lease_sent);
-            false
-        }
-        Some(false) => true,
-        None => {
-            if now >= r.deadline {
-                return true;
-            }
-            let iv = interval(r.lease.min(lease_sent));
-            let left = r.deadline - now;
-            r.next_due = now + (left / 4).clamp(10, iv);
-            false
-        }
-    }
+    r.answered(
+        verdict,
+        (Ms(sent_at), dur(sent)),
+        dur(lease),
+        Duration::ZERO,
+        Ms(now),
+    )
 }

@@ -1,48 +1,50 @@
 //! Switches that each restore one known defect of the protocol (the four
-//! races of the safety review), so that a test can show the checker finds
-//! it with the switch on and nothing with it off.
+//! races of delayed and repeated replies, fixed since), so that a test can
+//! show the checker finds it with the switch on and nothing with it off.
 //!
-//! Client-side defects switch a decision in `decide.rs` or the world's
-//! plumbing; script-side ones run the copy of the script as it was before
-//! the fix (`scripts-before-fixes/`), so they keep working once the real
-//! scripts change.
+//! Client-side defects switch what the runtime's decisions are fed, or the
+//! world's plumbing (which connection a command takes); script-side ones
+//! run the copy of the script as it was before the fix
+//! (`scripts-before-fixes/`), with the arguments it took then (`calls.rs`).
 
 /// Which old behaviours the model restores.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Defects {
-    /// Race 1: the orphan timer releases an unclaimed grant although its
-    /// owner's request is still alive (a re-sent attempt in flight).
-    /// Off: an owner whose request is alive is never an orphan.
+    /// Race 1: a grant belongs to its request only while the request is
+    /// registered as a waiter, not from before its first send: a grant that
+    /// arrives while a re-sent attempt is in flight is released as an
+    /// orphan. (The runtime routes by `claims.rs`'s live requests; this
+    /// feeds `protocol::route` the old answer.)
     pub orphan_ignores_inflight: bool,
-    /// Race 2: Sentinel with `replica_acks`: the release that takes back an
-    /// unsure attempt goes on the main connection, while the attempt went
-    /// on the acks connection, and can run before it. Off: it follows the
-    /// attempt on the acks connection.
-    pub unsure_release_on_main: bool,
-    /// Race 3: `acquire.lua` as before the fix: a queuing attempt repeated
-    /// by the transport without the rejoin flag can leave a queue entry
+    /// Race 2: Sentinel with `replica_acks`: the undo of an unsure attempt
+    /// goes on the main connection, while the attempt went on the acks
+    /// connection, and can run before it. (The runtime's `Backend::undo`
+    /// follows the attempt.)
+    pub undo_on_main: bool,
+    /// Race 3: `acquire.lua` from before the fix: a queuing attempt repeated
+    /// by a transport without the rejoin flag can leave a queue entry
     /// behind.
     pub acquire_before_fixes: bool,
-    /// Race 4: `renew.lua` as before the fix: a renewal re-sent after a
-    /// `min_hold` release restores the full lease.
-    pub renew_before_fixes: bool,
+    /// Race 4: a `min_hold` release through `renew.lua` (a compare-and-
+    /// expire) instead of `keep.lua`: a renewal re-sent after it restores
+    /// the full lease.
+    pub keep_by_renewal: bool,
 }
 
 impl Defects {
-    /// The code as it is today: every known defect present.
+    /// The code as it is: every known defect fixed.
     pub const TODAY: Defects = Defects {
-        orphan_ignores_inflight: true,
-        unsure_release_on_main: true,
-        acquire_before_fixes: true,
-        renew_before_fixes: true,
+        orphan_ignores_inflight: false,
+        undo_on_main: false,
+        acquire_before_fixes: false,
+        keep_by_renewal: false,
     };
 
-    /// Every switch off: the model's fixes for the client-side races, and
-    /// the scripts as they are in `lock-runtime/scripts/`.
-    pub const NONE: Defects = Defects {
-        orphan_ignores_inflight: false,
-        unsure_release_on_main: false,
-        acquire_before_fixes: false,
-        renew_before_fixes: false,
+    /// The code before the fixes: every known defect present.
+    pub const BEFORE_FIXES: Defects = Defects {
+        orphan_ignores_inflight: true,
+        undo_on_main: true,
+        acquire_before_fixes: true,
+        keep_by_renewal: true,
     };
 }

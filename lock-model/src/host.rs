@@ -24,17 +24,21 @@ pub enum Script {
     Release,
     Renew,
     RenewRead,
+    /// The release of a hold with `min_hold` left.
+    Keep,
     RaiseFence,
     /// `return redis.pcall(unpack(ARGV))`: one plain command, for tests
     /// and for the commands the runtime sends outside scripts.
     Command,
-    /// Today's `acquire.lua`, kept to restore a defect (see `Defects`).
+    /// `acquire.lua` as it was before the fixes of delayed and repeated
+    /// replies, kept to restore a defect (see `Defects`).
     AcquireBeforeFixes,
-    /// Today's `renew.lua`, kept to restore a defect (see `Defects`).
+    /// `renew.lua` as it was when a `min_hold` release went through it
+    /// (before `keep.lua`), kept to restore a defect (see `Defects`).
     RenewBeforeFixes,
 }
 
-const SOURCES: [(Script, &str, &str); 8] = [
+const SOURCES: [(Script, &str, &str); 9] = [
     (
         Script::Acquire,
         "acquire.lua",
@@ -54,6 +58,11 @@ const SOURCES: [(Script, &str, &str); 8] = [
         Script::RenewRead,
         "renew_read.lua",
         include_str!("../../lock-runtime/scripts/renew_read.lua"),
+    ),
+    (
+        Script::Keep,
+        "keep.lua",
+        include_str!("../../lock-runtime/scripts/keep.lua"),
     ),
     (
         Script::RaiseFence,

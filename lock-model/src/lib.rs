@@ -1,9 +1,10 @@
 //! The lock protocol, model-checked: the project's real Lua scripts run in
 //! an embedded Lua 5.1 over a model keyspace, the clients make the
-//! runtime's decisions, and a hostile network reorders, loses and repeats
-//! what they send. See `README.md` for what is checked and within which
-//! bounds.
+//! runtime's own decisions (`lock_runtime::__protocol`), and a hostile
+//! network reorders, loses and repeats what they send. See `README.md` for
+//! what is checked and within which bounds.
 
+pub mod calls;
 pub mod check;
 pub mod decide;
 pub mod defects;

@@ -1,33 +1,57 @@
-//! The world: one server (keyspace, clock, pub/sub), up to three clients
-//! each running lock requests, and a hostile network between them, as a
-//! stateright [`Model`].
+//! The world: one server (keyspace, clock, pub/sub, and on Sentinel a
+//! replica that may lag), up to three clients each running lock requests,
+//! and a hostile network between them, as a stateright [`Model`].
 //!
 //! Each client has a command connection (ordered), a pub/sub connection,
 //! and on Sentinel with `replica_acks` a second command connection for
 //! acquires (followed by `WAIT`). The server runs the head of any
-//! connection's queue: the real scripts through [`crate::host`]. Faults,
-//! each behind a budget in [`Faults`]: a command runs but its reply is lost
-//! (the runtime's transport sends it again, a queuing attempt with the
-//! rejoin flag, as `node.rs` does); a command is repeated verbatim by a
-//! lower transport (Cluster's own retries, Sentinel's `on_primary`); one
-//! connection is slow (time passes while its messages are in flight, so
-//! its replies come late against pub/sub and the other connections); a
-//! request is cancelled at any await; a client crashes. The clock moves
-//! from one timer to the next, so leases, `min_hold` and `max_hold` pass.
+//! connection's queue: the real scripts through [`crate::host`], called as
+//! [`crate::calls`] says. Faults, each behind a budget in [`Faults`]: a
+//! command runs but its reply is lost (the runtime's transport sends it
+//! again, a queuing attempt with the rejoin flag, as `node.rs` does); a
+//! command is repeated verbatim by a lower transport (Cluster's own
+//! retries, Sentinel's `on_primary`); one connection is slow (time passes
+//! while its messages are in flight, so its replies come late against
+//! pub/sub and the other connections); a request is cancelled at any
+//! await; a client crashes; the primary fails over to a replica that lacks
+//! the last writes. The clock moves from one timer to the next, so leases,
+//! `min_hold` and `max_hold` pass.
+//!
+//! The clients decide as the runtime does: every decision is a call into
+//! the runtime's protocol core through [`crate::decide`]. What this file
+//! adds is the runtime's I/O, and where the two correspond:
+//! - an acquire's send is bounded as `node.rs::retrying_by` bounds it
+//!   (`op_timeout`, or the request's `by`, at least `MIN_SEND`);
+//! - an undo (`Backend::undo`) travels on the connection its attempt took
+//!   (the acks connection on Sentinel with `replica_acks`), behind it;
+//!   releases, renewals and keeps take the main connection;
+//! - a lost `WAIT` reply fails the attempt: the Sentinel backend releases
+//!   the lock on the main connection and the request tries again
+//!   (`sentinel.rs::acquire`);
+//! - a request's claim (`claims.rs`) lives from its start to its end: its
+//!   mailbox is in [`Req`].
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use stateright::{Model, Property};
 
-use crate::decide::{self, Acquiring, Answer, Failed, GrantRoute, Next, Renewing, Timing};
+use crate::calls::{self, Call};
+use crate::decide::{
+    self, Acquiring, Answer, Failed, Listening, Next, Renewing, Route, Tick, Timing, Verdict,
+};
 use crate::defects::Defects;
-use crate::host::{self, Script};
+use crate::host;
 use crate::keyspace::{Keyspace, Reply};
 use crate::properties;
+
+pub use crate::calls::names;
 
 /// The server's clock reads this many ms at model time 0: tokens and
 /// clocks then have the digits they have in production (16 for µs).
 pub const EPOCH_MS: u64 = 1_700_000_000_000;
+
+/// How long a failover leaves the deployment without a primary.
+pub const FAILOVER_MS: u64 = 1000;
 
 /// The main command connection.
 pub const MAIN: u8 = 0;
@@ -108,6 +132,9 @@ pub struct ClientPlan {
 pub enum Deployment {
     /// One Redis server (`backend/redis.rs`).
     Redis,
+    /// Sentinel without `replica_acks`: one primary, as Redis, with a
+    /// replica that a failover promotes.
+    Sentinel,
     /// Sentinel with `replica_acks` (`backend/sentinel.rs`): acquires and
     /// their `WAIT` on a connection of their own; a handed-over grant is
     /// confirmed by a further attempt.
@@ -131,6 +158,9 @@ pub struct Faults {
     /// One connection whose messages may stay in flight while time passes:
     /// (client, connection; [`MAIN`], [`ACKS`], or 2 for pub/sub).
     pub slow: Option<(u8, u8)>,
+    /// Sentinel: the primary dies and a replica that lacks the writes of
+    /// the current instant is promoted ([`FAILOVER_MS`] later).
+    pub failover: u8,
 }
 
 /// A world to check.
@@ -142,6 +172,11 @@ pub struct World {
     pub faults: Faults,
     pub defects: Defects,
     pub timing: Timing,
+    /// Excuse what a copy of a command leaves when a lower transport
+    /// delivers it after the request that sent it ended (a documented
+    /// limit: it lapses with its lease or its queue stay). Off: the checker
+    /// reports it.
+    pub excuse_late_copies: bool,
 }
 
 /// An owner id within its client: `<client>:<n>` or `<client>:r<n>`.
@@ -165,11 +200,16 @@ pub enum Cmd {
         key: u8,
         owner: Owner,
     },
-    /// A renewal, or a `min_hold` release (`guard.rs::keep`).
     Renew {
         key: u8,
         owner: Owner,
         lease: u64,
+    },
+    /// The release of a hold with `left` ms of `min_hold` (`guard.rs::keep`).
+    Keep {
+        key: u8,
+        owner: Owner,
+        left: u64,
     },
     /// `node.rs::still_queued`: HEXISTS, GET, ZSCORE.
     StillQueued {
@@ -195,8 +235,6 @@ pub struct Op {
     pub task: Task,
     /// No answer by then: the send fails (`op_timeout`).
     pub deadline: u64,
-    /// Its caller went away: no more sends, and the answer is dropped.
-    pub abandoned: bool,
     pub sent_at: u64,
 }
 
@@ -204,6 +242,8 @@ pub struct Op {
 pub struct Sent {
     pub op: u8,
     pub cmd: Cmd,
+    /// A copy a lower transport sends again on its own.
+    pub copy: bool,
 }
 
 /// An answer on a command connection; `None`: the connection was cut.
@@ -233,7 +273,7 @@ pub enum Push {
     },
 }
 
-/// A grant kept for its waiter.
+/// A grant kept for its request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Grant {
     pub fence: u64,
@@ -246,7 +286,6 @@ pub struct Grant {
 pub struct Slot {
     pub waiters: u8,
     pub ready: bool,
-    pub mailboxes: BTreeMap<Owner, Option<Grant>>,
     /// Nobody waits: unsubscribe at this time (`LINGER`).
     pub linger: Option<u64>,
 }
@@ -257,6 +296,9 @@ pub enum Phase {
     Attempting(u8),
     /// Sentinel with acks: the grant, waiting for `WAIT`.
     Acking(u8, Answer),
+    /// Sentinel with acks: `WAIT` failed, and the attempt releases what it
+    /// took before it returns (`sentinel.rs::acquire`).
+    Unacking(u8),
     Subscribing,
     Checking(u8),
     Napping(u64),
@@ -283,8 +325,13 @@ pub struct Req {
     pub owner: Owner,
     pub phase: Phase,
     pub acq: Acquiring,
-    /// Registered in the wakeups (a mailbox under `owner`).
+    /// The holder's remaining TTL from the last busy answer.
+    pub ttl: Option<u64>,
+    /// Registered in the wakeups (`Waiter`).
     pub waiter: bool,
+    /// The claim's mailbox (`claims.rs`): a grant for `owner` heard while
+    /// the request lives.
+    pub mailbox: Option<Grant>,
     /// Once held: when its lease started (`Hold::acquired_at`).
     pub held_from: u64,
 }
@@ -292,6 +339,7 @@ pub struct Req {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Renewal {
     pub key: u8,
+    pub lease: u64,
     pub r: Renewing,
     /// The renewal in flight: (op, sent at, lease sent).
     pub sending: Option<(u8, u64, u64)>,
@@ -310,29 +358,42 @@ pub struct Client {
     pub sub_out: Vec<(bool, u8)>,
     pub sub_in: Vec<Push>,
     pub slots: BTreeMap<u8, Slot>,
-    /// Grants nobody claimed yet, with when their orphan timer fires.
+    /// Grants nobody claims, with when their orphan timer fires.
     pub unclaimed: BTreeMap<Owner, (u8, Grant, u64)>,
     pub settled: BTreeSet<Owner>,
     pub watchdog: BTreeMap<Owner, Renewal>,
 }
 
 /// What the properties look at: who holds what, by the clients' own
-/// account.
+/// account, and what the world did that excuses a lock or entry nobody
+/// asked for.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 pub struct Ghost {
     /// (key, client, owner, fence).
     pub holders: BTreeSet<(u8, u8, Owner, u64)>,
     /// The highest token any writer held with, per key.
     pub max_fence: BTreeMap<u8, u64>,
+    /// Every writer's token, per key: (key, token).
+    pub writer_fences: BTreeSet<(u8, u64)>,
+    /// Tokens of writers whose hold a failover lost: (key, token).
+    pub lost_fences: BTreeSet<(u8, u64)>,
     /// Locks left taken on purpose: `min_hold` releases, and crashed
     /// holders until their lease ends: (key, client, owner, until).
     pub kept: BTreeSet<(u8, u8, Owner, u64)>,
-    /// Since when nobody holds a key (and nothing keeps it).
-    pub free_since: BTreeMap<u8, u64>,
+    /// Owners whose lock or queue entry a late copy of a command wrote (see
+    /// [`World::excuse_late_copies`]), or a failover brought back:
+    /// (key, client, owner).
+    pub excused: BTreeSet<(u8, u8, Owner)>,
+    /// Holders whose lock a failover lost: they hold no more, and must be
+    /// told at their next renewal.
+    pub lost_by_failover: BTreeSet<(u8, u8, Owner)>,
     /// A violation seen on a transition: its description.
     pub violation: Option<String>,
     /// A waiter was handed a lock by a release (for `sometimes`).
     pub handed_over: bool,
+    /// A failover happened while someone held a lock (for `sometimes`):
+    /// (a holder kept it, a holder lost it).
+    pub failover_under_hold: (bool, bool),
     pub crashed: BTreeSet<u8>,
 }
 
@@ -340,6 +401,11 @@ pub struct Ghost {
 pub struct State {
     pub now: u64,
     pub ks: Keyspace,
+    /// Sentinel, before a failover: the replica's keyspace while it lacks
+    /// writes of the primary (`None`: in step).
+    pub replica: Option<Keyspace>,
+    /// A failover is under way: no primary until then.
+    pub down_until: Option<u64>,
     /// Grant channels subscribed on the server: (client, key).
     pub subs: BTreeSet<(u8, u8)>,
     pub clients: Vec<Client>,
@@ -397,13 +463,17 @@ pub enum Action {
     Crash {
         client: u8,
     },
+    /// The replica catches up with the primary.
+    Replicate,
+    /// The primary dies; the replica, as it is, takes over.
+    Failover,
 }
 
 pub fn owner_id(c: u8, o: Owner) -> String {
     format!("c{c}:{}{}", if o.read { "r" } else { "" }, o.n)
 }
 
-fn parse_owner(s: &str) -> Option<(u8, Owner)> {
+pub fn parse_owner(s: &str) -> Option<(u8, Owner)> {
     let (c, rest) = s.split_once(':')?;
     let c: u8 = c.strip_prefix('c')?.parse().ok()?;
     let (read, n) = match rest.strip_prefix('r') {
@@ -419,22 +489,6 @@ fn parse_owner(s: &str) -> Option<(u8, Owner)> {
     ))
 }
 
-/// `lock:{k<k>}` and its other names, as `key.rs` makes them.
-pub fn names(k: u8) -> [String; 5] {
-    let h = format!("lock:{{k{k}}}");
-    [
-        h.clone(),
-        format!("{h}:fence"),
-        format!("{h}:queue"),
-        format!("{h}:waiters"),
-        format!("{h}:readers"),
-    ]
-}
-
-fn grant_channel(k: u8, c: u8) -> String {
-    format!("lock:{{k{k}}}:granted:c{c}")
-}
-
 impl World {
     fn plan(&self, c: u8, r: u8) -> &Plan {
         &self.clients[c as usize].requests[r as usize]
@@ -447,14 +501,14 @@ impl World {
     /// The connection an acquire goes on.
     fn acquire_conn(&self) -> u8 {
         match self.deployment {
-            Deployment::Redis => MAIN,
+            Deployment::Redis | Deployment::Sentinel => MAIN,
             Deployment::SentinelAcks => ACKS,
         }
     }
 
-    /// The connection the release of an unsure attempt goes on.
-    fn unsure_conn(&self) -> u8 {
-        if self.defects.unsure_release_on_main {
+    /// The connection an undo goes on (`Backend::undo`): the attempt's.
+    fn undo_conn(&self) -> u8 {
+        if self.defects.undo_on_main {
             MAIN
         } else {
             self.acquire_conn()
@@ -465,9 +519,14 @@ impl World {
         self.faults.slow == Some((c, conn))
     }
 
-    /// Send `cmd` for `task` on `conn`.
-    fn send(&self, s: &mut State, c: u8, conn: u8, cmd: Cmd, task: Task) -> u8 {
+    /// Send `cmd` for `task` on `conn`; `by`: the request's bound on an
+    /// acquire (`node.rs::retrying_by`).
+    fn send(&self, s: &mut State, c: u8, conn: u8, cmd: Cmd, task: Task, by: Option<u64>) -> u8 {
         let now = s.now;
+        let mut deadline = now + self.timing.op_timeout;
+        if let Some(by) = by {
+            deadline = deadline.min(by.max(now + self.timing.min_send));
+        }
         let cl = &mut s.clients[c as usize];
         let op = cl.next_op;
         cl.next_op += 1;
@@ -477,31 +536,69 @@ impl World {
                 conn,
                 cmd: cmd.clone(),
                 task,
-                deadline: now + self.timing.op_timeout,
-                abandoned: false,
+                deadline,
                 sent_at: now,
             },
         );
-        cl.out[conn as usize].push(Sent { op, cmd });
+        cl.out[conn as usize].push(Sent {
+            op,
+            cmd,
+            copy: false,
+        });
         op
     }
 
-    /// `client.release_in_background`.
-    fn release_in_background(&self, s: &mut State, c: u8, key: u8, owner: Owner, conn: u8) {
-        self.send(s, c, conn, Cmd::Release { key, owner }, Task::Background);
+    /// `client.release_in_background`: the main connection.
+    fn release_in_background(&self, s: &mut State, c: u8, key: u8, owner: Owner) {
+        self.send(
+            s,
+            c,
+            MAIN,
+            Cmd::Release { key, owner },
+            Task::Background,
+            None,
+        );
+    }
+
+    /// `client.undo_in_background` (`Backend::undo`).
+    fn undo_in_background(&self, s: &mut State, c: u8, key: u8, owner: Owner) {
+        let conn = self.undo_conn();
+        self.send(
+            s,
+            c,
+            conn,
+            Cmd::Release { key, owner },
+            Task::Background,
+            None,
+        );
     }
 
     // ---------------------------------------------------------------- server
 
-    fn run_script(&self, s: &mut State, script: Script, keys: &[String], args: &[String]) -> Reply {
+    fn run(&self, s: &mut State, call: Call) -> Reply {
         let subs: BTreeMap<String, i64> = s
             .subs
             .iter()
-            .map(|&(c, k)| (grant_channel(k, c), 1))
+            .map(|&(c, k)| (calls::grant_channel(k, c), 1))
             .collect();
-        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let out = host::eval(script, &mut s.ks, EPOCH_MS + s.now, &subs, &keys, &args);
+        let keys: Vec<&str> = call.keys.iter().map(String::as_str).collect();
+        let args: Vec<&str> = call.args.iter().map(String::as_str).collect();
+        let before = s.replica.is_none() && self.faults.failover > 0 && s.budget.failover > 0;
+        let snapshot = before.then(|| s.ks.clone());
+        let out = host::eval(
+            call.script,
+            &mut s.ks,
+            EPOCH_MS + s.now,
+            &subs,
+            &keys,
+            &args,
+        );
+        if let Some(snap) = snapshot {
+            if snap != s.ks {
+                // The replica lacks this write until it catches up.
+                s.replica = Some(snap);
+            }
+        }
         for (channel, msg) in out.published {
             let Some((_, ch_client)) = channel.rsplit_once(":granted:c") else {
                 continue;
@@ -509,7 +606,7 @@ impl World {
             let Ok(to) = ch_client.parse::<u8>() else {
                 continue;
             };
-            let key = (0..self.keys).find(|&k| channel == grant_channel(k, to));
+            let key = (0..self.keys).find(|&k| channel == calls::grant_channel(k, to));
             let mut parts = msg.split(' ');
             let (Some(key), Some(o), Some(f), Some(at)) =
                 (key, parts.next(), parts.next(), parts.next())
@@ -535,7 +632,8 @@ impl World {
 
     /// The server runs one command.
     fn execute(&self, s: &mut State, c: u8, cmd: &Cmd) -> ReplyKey {
-        match cmd {
+        let d = &self.defects;
+        match *cmd {
             Cmd::Acquire {
                 key,
                 owner,
@@ -543,65 +641,38 @@ impl World {
                 stay,
                 rejoin,
             } => {
-                let script = if self.defects.acquire_before_fixes {
-                    Script::AcquireBeforeFixes
-                } else {
-                    Script::Acquire
-                };
-                let args = [
-                    owner_id(c, *owner),
-                    lease.to_string(),
-                    String::new(),
-                    stay.map_or(String::new(), |s| s.to_string()),
-                    if *rejoin { "1".into() } else { String::new() },
-                ];
-                let reply = self.run_script(s, script, &names(*key), &args);
-                ReplyKey::Acquire(read_acquire(&reply))
+                let id = owner_id(c, owner);
+                let call = calls::acquire(key, &id, lease, (stay, rejoin), d.acquire_before_fixes);
+                ReplyKey::Acquire(read_acquire(&self.run(s, call)))
             }
             Cmd::Release { key, owner } => {
-                let h = &names(*key)[0];
-                let args = [
-                    owner_id(c, *owner),
-                    format!("{h}:granted:"),
-                    "publish".into(),
-                    format!("{h}:released"),
-                    "r".into(),
-                ];
-                match self.run_script(s, Script::Release, &names(*key), &args) {
+                match self.run(s, calls::release(key, &owner_id(c, owner))) {
                     Reply::Int(i) => ReplyKey::Int(i),
                     other => panic!("release.lua answered {other:?}"),
                 }
             }
             Cmd::Renew { key, owner, lease } => {
-                let n = names(*key);
-                let id = owner_id(c, *owner);
-                let (front, rest) = id.split_at(id.find(':').unwrap() + 1);
-                let args = [lease.to_string(), front.to_string(), rest.to_string()];
-                let reply = if owner.read {
-                    self.run_script(s, Script::RenewRead, &[n[0].clone(), n[4].clone()], &args)
+                let call = calls::renew(key, &owner_id(c, owner), owner.read, lease, false);
+                ReplyKey::Flag(read_renewed(&self.run(s, call)))
+            }
+            Cmd::Keep { key, owner, left } => {
+                let id = owner_id(c, owner);
+                if d.keep_by_renewal {
+                    let call = calls::renew(key, &id, owner.read, left, true);
+                    ReplyKey::Flag(read_renewed(&self.run(s, call)))
                 } else {
-                    let script = if self.defects.renew_before_fixes {
-                        Script::RenewBeforeFixes
-                    } else {
-                        Script::Renew
-                    };
-                    self.run_script(s, script, &[n[0].clone()], &args)
-                };
-                match reply {
-                    Reply::Bulk(b) => ReplyKey::Flag(b == "1"),
-                    other => panic!("renew answered {other:?}"),
+                    match self.run(s, calls::keep(key, &id, left)) {
+                        Reply::Int(i) => ReplyKey::Flag(i == 1),
+                        other => panic!("keep.lua answered {other:?}"),
+                    }
                 }
             }
             Cmd::StillQueued { key, owner } => {
-                let n = names(*key);
-                let id = owner_id(c, *owner);
-                let mut one = |args: [&str; 3]| {
-                    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-                    self.run_script(s, Script::Command, &[], &args)
-                };
-                let queued = one(["HEXISTS", &n[3], &id]) == Reply::Int(1);
-                let value = one(["GET", &n[0], ""]);
-                let reads = one(["ZSCORE", &n[4], &id]);
+                let id = owner_id(c, owner);
+                let [hexists, get, zscore] = calls::still_queued(key, &id);
+                let queued = self.run(s, hexists) == Reply::Int(1);
+                let value = self.run(s, get);
+                let reads = self.run(s, zscore);
                 let holder = match &value {
                     Reply::Bulk(v) => v.split(' ').next().map(str::to_string),
                     _ => None,
@@ -611,8 +682,12 @@ impl World {
                     || (reads != Reply::Nil && holder.as_deref() == Some("~r"));
                 ReplyKey::Flag(yes)
             }
-            // The replicas have everything: `WAIT` answers at once.
-            Cmd::Wait => ReplyKey::Int(1),
+            // The replicas acknowledge: `WAIT` answers once they have every
+            // write so far.
+            Cmd::Wait => {
+                s.replica = None;
+                ReplyKey::Int(1)
+            }
         }
     }
 
@@ -640,6 +715,7 @@ impl World {
                 rejoin: a.rejoin,
             },
             Task::Req(r),
+            a.by,
         );
         s.clients[c as usize].reqs[r as usize].phase = Phase::Attempting(op);
     }
@@ -659,18 +735,7 @@ impl World {
         let now = s.now;
         let req = &mut s.clients[c as usize].reqs[r as usize];
         req.owner = owner;
-        req.acq = Acquiring {
-            lease: p.lease,
-            started: now,
-            deadline: now + p.wait,
-            failures: 0,
-            queued_once: false,
-            queued_at: None,
-            pending: false,
-            sent_at: now,
-            may_queue: false,
-            ttl: None,
-        };
+        req.acq = decide::start(now, p.wait, &self.timing);
         self.send_attempt(s, c, r);
     }
 
@@ -684,9 +749,7 @@ impl World {
             return;
         }
         req.waiter = false;
-        let owner = req.owner;
         if let Some(slot) = cl.slots.get_mut(&key) {
-            slot.mailboxes.remove(&owner);
             slot.waiters -= 1;
             if slot.waiters == 0 {
                 slot.linger = Some(now + self.timing.linger);
@@ -694,25 +757,22 @@ impl World {
         }
     }
 
-    /// Abandon every command the request still has in flight.
-    fn abandon_ops(s: &mut State, c: u8, r: u8) {
-        for op in s.clients[c as usize].ops.values_mut() {
-            if op.task == Task::Req(r) {
-                op.abandoned = true;
-            }
-        }
-    }
-
-    /// The request ends without a guard (`Unsure::drop`, `Waiter::drop`).
+    /// The request ends without a guard (`Unsure::drop`, `Waiter::drop`,
+    /// `Claim::drop`).
     fn end_request(&self, s: &mut State, c: u8, r: u8, failed: Failed) {
-        Self::abandon_ops(s, c, r);
+        // Its commands in flight run or not; their answers go nowhere.
+        s.clients[c as usize]
+            .ops
+            .retain(|_, o| o.task != Task::Req(r));
+        Self::unsent_if_down(s, c);
         self.leave_slot(s, c, r);
         let key = self.plan(c, r).key;
         let req = &mut s.clients[c as usize].reqs[r as usize];
         req.phase = Phase::Done(Outcome::Failed(failed));
+        req.mailbox = None;
         let (pending, owner) = (req.acq.pending, req.owner);
         if pending {
-            self.release_in_background(s, c, key, owner, self.unsure_conn());
+            self.undo_in_background(s, c, key, owner);
         }
         if failed == Failed::Timeout {
             properties::on_timeout(self, s, c, r);
@@ -722,23 +782,37 @@ impl World {
     /// Carry out what the acquire loop decided.
     fn follow(&self, s: &mut State, c: u8, r: u8, next: Next) {
         match next {
-            Next::Attempt(_) => self.send_attempt(s, c, r),
-            Next::Hold { fence, from } => self.hold(s, c, r, fence, from),
+            Next::Hold {
+                fence,
+                from,
+                settle,
+            } => {
+                if settle {
+                    // `Claim::settle`: a grant already in the mailbox is
+                    // dropped; one still on its way is expected.
+                    let cl = &mut s.clients[c as usize];
+                    let req = &mut cl.reqs[r as usize];
+                    if req.mailbox.take().is_none() {
+                        cl.settled.insert(req.owner);
+                    }
+                }
+                self.hold(s, c, r, fence, from)
+            }
             Next::Late { pause } => {
-                // Released in the background under the old owner id; the
-                // request goes on under a new one, with a new waiter.
+                // Undone in the background under the old owner id; the
+                // request goes on under a new one, with a new claim.
                 let key = self.plan(c, r).key;
                 let old = s.clients[c as usize].reqs[r as usize].owner;
-                self.release_in_background(s, c, key, old, MAIN);
+                self.undo_in_background(s, c, key, old);
                 self.leave_slot(s, c, r);
                 let read = self.plan(c, r).read;
                 let owner = Self::new_owner(s, c, read);
-                s.clients[c as usize].reqs[r as usize].owner = owner;
+                let req = &mut s.clients[c as usize].reqs[r as usize];
+                req.owner = owner;
+                req.mailbox = None;
                 match pause {
-                    Some(until) => {
-                        s.clients[c as usize].reqs[r as usize].phase = Phase::Pausing(until)
-                    }
-                    None => self.end_request(s, c, r, Failed::Backend),
+                    Ok(until) => req.phase = Phase::Pausing(until),
+                    Err(f) => self.end_request(s, c, r, f),
                 }
             }
             Next::Pause { until } => {
@@ -752,13 +826,15 @@ impl World {
                     self.nap(s, c, r);
                     return;
                 }
-                // `Wakeups::join`: a mailbox, with a grant kept for it.
+                // `Wakeups::join`; with race 1's switch, a grant kept
+                // unclaimed for a waiter about to register is its own.
                 let owner = cl.reqs[r as usize].owner;
-                let grant = cl.unclaimed.remove(&owner).map(|(_, g, _)| g);
+                if let Some((_, g, _)) = cl.unclaimed.remove(&owner) {
+                    cl.reqs[r as usize].mailbox = Some(g);
+                }
                 let slot = cl.slots.entry(key).or_default();
                 slot.waiters += 1;
                 slot.linger = None;
-                slot.mailboxes.insert(owner, grant);
                 cl.reqs[r as usize].waiter = true;
                 if slot.ready {
                     self.nap(s, c, r);
@@ -769,52 +845,23 @@ impl World {
             }
         }
     }
-}
 
-fn read_acquire(reply: &Reply) -> Answer {
-    let num = |r: &Reply| -> Option<i64> {
-        match r {
-            Reply::Int(i) => Some(*i),
-            Reply::Bulk(b) => b.parse().ok(),
-            _ => None,
-        }
-    };
-    match reply {
-        Reply::Array(items) => {
-            let flag = num(&items[0]).unwrap();
-            let n = num(&items[1]).unwrap();
-            let at = items.get(2).and_then(num).unwrap_or(0);
-            match flag {
-                1 | 2 => Answer::Granted { fence: n as u64 },
-                _ => Answer::Busy {
-                    ttl: (n > 0).then_some(n as u64),
-                    queued: (at > 0).then_some(at as u64),
-                },
-            }
-        }
-        Reply::Error(_) => Answer::Refused,
-        other => panic!("acquire.lua answered {other:?}"),
-    }
-}
-
-impl World {
     /// Nap until the next attempt, unless the mailbox has a grant already
     /// (`Waiter::released` looks there first).
     fn nap(&self, s: &mut State, c: u8, r: u8) {
-        let key = self.plan(c, r).key;
         let now = s.now;
-        let cl = &mut s.clients[c as usize];
-        let owner = cl.reqs[r as usize].owner;
-        let grant = cl
-            .slots
-            .get_mut(&key)
-            .and_then(|slot| slot.mailboxes.get_mut(&owner))
-            .and_then(Option::take);
-        match grant {
+        let lease = self.plan(c, r).lease;
+        let req = &mut s.clients[c as usize].reqs[r as usize];
+        match req.mailbox.take() {
             Some(g) => self.granted(s, c, r, g),
             None => {
-                let req = &mut s.clients[c as usize].reqs[r as usize];
-                req.phase = Phase::Napping(decide::nap_until(&req.acq, now, &self.timing));
+                req.phase = Phase::Napping(decide::nap_until(
+                    &req.acq,
+                    req.ttl,
+                    lease,
+                    now,
+                    &self.timing,
+                ));
             }
         }
     }
@@ -823,8 +870,16 @@ impl World {
     fn granted(&self, s: &mut State, c: u8, r: u8, g: Grant) {
         let now = s.now;
         let confirming = self.needs_confirming();
+        let lease = self.plan(c, r).lease;
         let req = &mut s.clients[c as usize].reqs[r as usize];
-        match decide::on_grant(&mut req.acq, now, g.fence, g.at, confirming, &self.timing) {
+        match decide::on_grant(
+            &mut req.acq,
+            now,
+            (g.fence, g.at),
+            confirming,
+            lease,
+            &self.timing,
+        ) {
             None => self.send_attempt(s, c, r),
             Some(next) => self.follow(s, c, r, next),
         }
@@ -841,12 +896,15 @@ impl World {
             owner,
             Renewal {
                 key: p.key,
+                lease: p.lease,
                 r: decide::start_renewing(p.lease, from, p.max_hold.map(|m| from + m)),
                 sending: None,
             },
         );
-        cl.reqs[r as usize].held_from = from;
-        cl.reqs[r as usize].phase = Phase::Held {
+        let req = &mut cl.reqs[r as usize];
+        req.mailbox = None;
+        req.held_from = from;
+        req.phase = Phase::Held {
             fence,
             from,
             body_end: now + p.body,
@@ -875,7 +933,15 @@ impl World {
         s.clients[c as usize].reqs[r as usize].phase = Phase::Done(Outcome::Lost);
     }
 
-    /// `Hold::end_in_background`: keep (min_hold left) or release.
+    /// A guard's release command: keep (`min_hold` left) or release.
+    fn release_cmd(&self, now: u64, key: u8, owner: Owner, from: u64, min: Option<u64>) -> Cmd {
+        match decide::keep_for(from, min, now) {
+            Some(left) => Cmd::Keep { key, owner, left },
+            None => Cmd::Release { key, owner },
+        }
+    }
+
+    /// `Hold::end_in_background`: keep or release, on the main connection.
     fn end_in_background(
         &self,
         s: &mut State,
@@ -885,15 +951,8 @@ impl World {
         from: u64,
         min: Option<u64>,
     ) {
-        let cmd = match decide::release_kind(from, min, s.now) {
-            Some(left) => Cmd::Renew {
-                key,
-                owner,
-                lease: left,
-            },
-            None => Cmd::Release { key, owner },
-        };
-        self.send(s, c, MAIN, cmd, Task::Background);
+        let cmd = self.release_cmd(s.now, key, owner, from, min);
+        self.send(s, c, MAIN, cmd, Task::Background, None);
     }
 
     /// The body is done: `guard.release()` (`release_one`).
@@ -905,40 +964,22 @@ impl World {
         let owner = s.clients[c as usize].reqs[r as usize].owner;
         // Renewals stop first (a renewal already on the wire goes on).
         s.clients[c as usize].watchdog.remove(&owner);
-        let kind = decide::release_kind(from, p.min_hold, s.now);
-        properties::on_leave(s, p.key, c, owner, kind.map(|_| from + p.min_hold.unwrap()));
-        let cmd = match kind {
-            Some(left) => Cmd::Renew {
-                key: p.key,
-                owner,
-                lease: left,
-            },
-            None => Cmd::Release { key: p.key, owner },
-        };
-        let op = self.send(s, c, MAIN, cmd, Task::Req(r));
+        let cmd = self.release_cmd(s.now, p.key, owner, from, p.min_hold);
+        let kept = matches!(cmd, Cmd::Keep { .. }).then(|| from + p.min_hold.unwrap_or(0));
+        properties::on_leave(s, p.key, c, owner, kept);
+        let op = self.send(s, c, MAIN, cmd, Task::Req(r), None);
         s.clients[c as usize].reqs[r as usize].phase = Phase::Releasing(op);
     }
 
     /// An attempt's answer reached the request (after `WAIT` on Sentinel).
     fn answered(&self, s: &mut State, c: u8, r: u8, a: Answer) {
         let now = s.now;
-        let key = self.plan(c, r).key;
-        let cl = &mut s.clients[c as usize];
-        let req = &mut cl.reqs[r as usize];
-        let queued_once = req.acq.queued_once;
-        let next = decide::on_answer(&mut req.acq, now, a, &self.timing);
-        if matches!(next, Next::Hold { .. }) && req.waiter && queued_once {
-            // `w.settle()`: a hand-off's grant message may still come.
-            let owner = req.owner;
-            let kept = cl
-                .slots
-                .get_mut(&key)
-                .and_then(|slot| slot.mailboxes.get_mut(&owner))
-                .and_then(Option::take);
-            if kept.is_none() {
-                cl.settled.insert(owner);
-            }
+        let lease = self.plan(c, r).lease;
+        let req = &mut s.clients[c as usize].reqs[r as usize];
+        if let Answer::Busy { ttl, .. } = a {
+            req.ttl = ttl;
         }
+        let next = decide::on_answer(&mut req.acq, now, a, lease, &self.timing);
         self.follow(s, c, r, next);
     }
 
@@ -951,18 +992,23 @@ impl World {
                 let Some(e) = s.clients[c as usize].watchdog.get_mut(&owner) else {
                     return;
                 };
-                let Some((sent_op, sent_at, lease)) = e.sending else {
+                let Some((sent_op, sent_at, sent)) = e.sending else {
                     return;
                 };
                 if sent_op != op {
                     return;
                 }
                 e.sending = None;
-                let renewed = match reply {
-                    Some(ReplyKey::Flag(f)) => Some(f),
-                    _ => None,
+                let verdict = match reply {
+                    Some(ReplyKey::Flag(true)) => Verdict::Renewed,
+                    Some(ReplyKey::Flag(false)) => Verdict::NotOwner,
+                    _ => Verdict::NoAnswer,
                 };
-                if decide::on_renewed(&mut e.r, sent_at, lease, renewed, now) {
+                let lease = e.lease;
+                let lost = decide::on_renewed(&mut e.r, verdict, (sent_at, sent), lease, now);
+                let key = e.key;
+                properties::on_renewal_answer(s, key, c, owner, verdict);
+                if lost {
                     self.lose(s, c, owner);
                 }
             }
@@ -972,22 +1018,31 @@ impl World {
                     Phase::Attempting(o) if o == op => {
                         let a = match reply {
                             Some(ReplyKey::Acquire(a)) => a,
-                            _ => Answer::Transient,
+                            _ => Answer::Transient { ran: true },
                         };
                         if self.needs_confirming() && matches!(a, Answer::Granted { .. }) {
-                            let w = self.send(s, c, ACKS, Cmd::Wait, Task::Req(r));
+                            let w = self.send(s, c, ACKS, Cmd::Wait, Task::Req(r), None);
                             s.clients[c as usize].reqs[r as usize].phase = Phase::Acking(w, a);
                         } else {
                             self.answered(s, c, r, a);
                         }
                     }
                     Phase::Acking(o, a) if o == op => {
-                        let a = if reply.is_some() {
-                            a
+                        if reply.is_some() {
+                            self.answered(s, c, r, a);
                         } else {
-                            Answer::Transient
-                        };
-                        self.answered(s, c, r, a);
+                            // No word from the replicas: the attempt
+                            // releases the lock on the main connection,
+                            // then fails.
+                            let key = self.plan(c, r).key;
+                            let owner = s.clients[c as usize].reqs[r as usize].owner;
+                            let cmd = Cmd::Release { key, owner };
+                            let op = self.send(s, c, MAIN, cmd, Task::Req(r), None);
+                            s.clients[c as usize].reqs[r as usize].phase = Phase::Unacking(op);
+                        }
+                    }
+                    Phase::Unacking(o) if o == op => {
+                        self.answered(s, c, r, Answer::Transient { ran: false });
                     }
                     Phase::Checking(o) if o == op => {
                         if reply == Some(ReplyKey::Flag(true)) {
@@ -1012,6 +1067,12 @@ impl World {
             return;
         };
         match reply {
+            // `WAIT` is not sent again (`RedisNode::command`): the attempt
+            // fails.
+            None if o.cmd == Cmd::Wait => {
+                s.clients[c as usize].ops.remove(&op);
+                self.to_task(s, c, op, o.task, None);
+            }
             None => {
                 // The connection was cut after the command ran: the
                 // transport sends it again (`node.rs::retrying`); a queuing
@@ -1034,7 +1095,11 @@ impl World {
                 };
                 let cl = &mut s.clients[c as usize];
                 cl.ops.get_mut(&op).unwrap().cmd = cmd.clone();
-                cl.out[conn as usize].push(Sent { op, cmd });
+                cl.out[conn as usize].push(Sent {
+                    op,
+                    cmd,
+                    copy: false,
+                });
             }
             Some(reply) => {
                 s.clients[c as usize].ops.remove(&op);
@@ -1057,15 +1122,15 @@ impl World {
                 }) else {
                     return;
                 };
-                match decide::after_subscribe(&cl.reqs[r as usize].acq, true) {
-                    Some(true) => {
+                match decide::listening(&cl.reqs[r as usize].acq, true) {
+                    Listening::AskQueued => {
                         let owner = cl.reqs[r as usize].owner;
-                        let op =
-                            self.send(s, c, MAIN, Cmd::StillQueued { key: k, owner }, Task::Req(r));
+                        let cmd = Cmd::StillQueued { key: k, owner };
+                        let op = self.send(s, c, MAIN, cmd, Task::Req(r), None);
                         s.clients[c as usize].reqs[r as usize].phase = Phase::Checking(op);
                     }
-                    Some(false) => self.send_attempt(s, c, r),
-                    None => self.nap(s, c, r),
+                    Listening::AttemptAgain => self.send_attempt(s, c, r),
+                    Listening::Wait => self.nap(s, c, r),
                 }
             }
             Push::Grant {
@@ -1075,30 +1140,27 @@ impl World {
                 at,
             } => {
                 let cl = &mut s.clients[c as usize];
-                let has_mailbox = cl
-                    .slots
-                    .get(&key)
-                    .is_some_and(|slot| slot.mailboxes.contains_key(&owner));
+                let req = cl
+                    .reqs
+                    .iter()
+                    .position(|q| q.owner == owner && acquiring(&q.phase));
+                // Whose the grant is: the request under way (`claims.rs`),
+                // or, with race 1's switch, a registered waiter only.
+                let live =
+                    req.filter(|&r| !self.defects.orphan_ignores_inflight || cl.reqs[r].waiter);
                 let g = Grant { fence, at };
-                match decide::route_grant(has_mailbox, cl.settled.contains(&owner)) {
-                    GrantRoute::Mailbox => {
-                        cl.slots
-                            .get_mut(&key)
-                            .unwrap()
-                            .mailboxes
-                            .insert(owner, Some(g));
-                        if let Some(r) = cl
-                            .reqs
-                            .iter()
-                            .position(|q| q.owner == owner && matches!(q.phase, Phase::Napping(_)))
-                        {
+                match decide::route_grant(live.is_some(), cl.settled.contains(&owner)) {
+                    Route::Mailbox => {
+                        let r = live.unwrap();
+                        cl.reqs[r].mailbox = Some(g);
+                        if matches!(cl.reqs[r].phase, Phase::Napping(_)) {
                             self.nap(s, c, r as u8);
                         }
                     }
-                    GrantRoute::Settled => {
+                    Route::Settled => {
                         cl.settled.remove(&owner);
                     }
-                    GrantRoute::Unclaimed => {
+                    Route::Orphan => {
                         cl.unclaimed
                             .insert(owner, (key, g, now + self.timing.orphan_after));
                     }
@@ -1131,7 +1193,7 @@ impl World {
             }
             for (&owner, e) in &cl.watchdog {
                 if e.sending.is_none() {
-                    out.push((c, Timer::Renewal(owner), decide::due(&e.r)));
+                    out.push((c, Timer::Renewal(owner), e.r.due().0));
                 }
             }
             for (&owner, &(_, _, at)) in &cl.unclaimed {
@@ -1157,40 +1219,32 @@ impl World {
             },
             Timer::OpDeadline(op) => {
                 let o = s.clients[c as usize].ops.remove(&op).unwrap();
+                Self::unsent_if_down(s, c);
                 self.to_task(s, c, op, o.task, None);
             }
             Timer::Renewal(owner) => {
                 let e = &s.clients[c as usize].watchdog[&owner];
-                match decide::tick(&e.r, now) {
-                    Err(()) => self.lose(s, c, owner),
-                    Ok(Some(lease)) => {
+                match decide::tick(&e.r, now, e.lease) {
+                    Tick::MaxHold => self.lose(s, c, owner),
+                    Tick::Renew(lease) => {
+                        let lease = decide::ms(lease);
                         let key = e.key;
-                        let op = self.send(
-                            s,
-                            c,
-                            MAIN,
-                            Cmd::Renew { key, owner, lease },
-                            Task::Renewal(owner),
-                        );
+                        let cmd = Cmd::Renew { key, owner, lease };
+                        let op = self.send(s, c, MAIN, cmd, Task::Renewal(owner), None);
                         s.clients[c as usize]
                             .watchdog
                             .get_mut(&owner)
                             .unwrap()
                             .sending = Some((op, now, lease));
                     }
-                    Ok(None) => unreachable!("a renewal due but not sent"),
+                    Tick::NotYet => unreachable!("a renewal due but not sent"),
                 }
             }
             Timer::Orphan(owner) => {
                 let cl = &mut s.clients[c as usize];
                 let (key, _, _) = cl.unclaimed.remove(&owner).unwrap();
-                let holds = cl.watchdog.contains_key(&owner);
-                let alive = cl
-                    .reqs
-                    .iter()
-                    .any(|q| q.owner == owner && acquiring(&q.phase));
-                if decide::release_orphan(true, holds, alive, &self.defects) {
-                    self.release_in_background(s, c, key, owner, MAIN);
+                if decide::release_orphan(cl.watchdog.contains_key(&owner)) {
+                    self.release_in_background(s, c, key, owner);
                 }
             }
             Timer::Linger(k) => {
@@ -1216,9 +1270,6 @@ impl World {
             s.clients[c as usize].reqs[r as usize].phase = Phase::Done(Outcome::Released);
             return;
         }
-        // Its commands in flight run or not; their answers go nowhere.
-        let cl = &mut s.clients[c as usize];
-        cl.ops.retain(|_, o| o.task != Task::Req(r));
         self.end_request(s, c, r, Failed::Cancelled);
     }
 
@@ -1227,7 +1278,7 @@ impl World {
         let held: Vec<(u8, Owner, u64)> = cl
             .watchdog
             .iter()
-            .map(|(o, e)| (e.key, *o, e.r.deadline))
+            .map(|(o, e)| (e.key, *o, e.r.deadline.0))
             .collect();
         cl.alive = false;
         for req in &mut cl.reqs {
@@ -1248,15 +1299,85 @@ impl World {
         }
     }
 
+    /// The primary dies and the replica takes over as it is, after
+    /// [`FAILOVER_MS`]. Every connection to the old primary breaks: replies
+    /// not yet read are lost (their commands are sent again to the new
+    /// primary; a `WAIT` fails), grant messages not yet read are lost, and
+    /// the waiters, whose subscriptions went with it, ask again
+    /// (`Subscriber::retire`).
+    fn failover(&self, s: &mut State) {
+        let before = s.ks.clone();
+        let mut ks = s.replica.take().expect("a failover loses writes");
+        ks.expire(EPOCH_MS + s.now);
+        s.ks = ks;
+        s.down_until = Some(s.now + FAILOVER_MS);
+        s.subs.clear();
+        properties::on_failover(self, s, &before);
+        for c in 0..s.clients.len() as u8 {
+            let cl = &mut s.clients[c as usize];
+            if !cl.alive {
+                continue;
+            }
+            for inbox in &mut cl.inbox {
+                for b in inbox.iter_mut() {
+                    b.reply = None;
+                }
+            }
+            // What was on its way to the old primary is lost with it; the
+            // transport sends a command again while its caller waits for
+            // it (a `WAIT` fails instead).
+            let ops = &cl.ops;
+            for conn in 0..2 {
+                let (keep, lost): (Vec<Sent>, Vec<Sent>) = std::mem::take(&mut cl.out[conn])
+                    .into_iter()
+                    .partition(|x| !x.copy && ops.contains_key(&x.op));
+                let (wait, keep): (Vec<Sent>, Vec<Sent>) =
+                    keep.into_iter().partition(|x| x.cmd == Cmd::Wait);
+                drop(lost);
+                cl.out[conn] = keep;
+                cl.inbox[conn].extend(wait.into_iter().map(|x| Back {
+                    op: x.op,
+                    reply: None,
+                }));
+            }
+            cl.sub_in.clear();
+            cl.sub_out.clear();
+            cl.slots.clear();
+            for r in 0..cl.reqs.len() {
+                let req = &mut cl.reqs[r];
+                req.waiter = false;
+                if matches!(req.phase, Phase::Napping(_) | Phase::Subscribing) {
+                    req.phase = Phase::Napping(s.now);
+                }
+            }
+        }
+    }
+
+    /// While there is no primary, a send whose caller stopped waiting for
+    /// it never reaches a server.
+    fn unsent_if_down(s: &mut State, c: u8) {
+        if s.down_until.is_none() {
+            return;
+        }
+        let cl = &mut s.clients[c as usize];
+        let ops = &cl.ops;
+        for out in &mut cl.out {
+            out.retain(|x| ops.contains_key(&x.op));
+        }
+    }
+
     /// Whether every connection but the slow one is idle (the clock may
-    /// move only then: messages take no time, except on the slow one).
+    /// move only then: messages take no time, except on the slow one, and
+    /// except commands waiting for a primary during a failover).
     fn idle_but_slow(&self, s: &State) -> bool {
+        let down = s.down_until.is_some();
         s.clients.iter().enumerate().all(|(c, cl)| {
             let c = c as u8;
             (0..2u8).all(|conn| {
                 self.is_slow(c, conn)
-                    || (cl.out[conn as usize].is_empty() && cl.inbox[conn as usize].is_empty())
-            }) && (self.is_slow(c, 2) || (cl.sub_out.is_empty() && cl.sub_in.is_empty()))
+                    || ((down || cl.out[conn as usize].is_empty())
+                        && cl.inbox[conn as usize].is_empty())
+            }) && (self.is_slow(c, 2) || ((down || cl.sub_out.is_empty()) && cl.sub_in.is_empty()))
         })
     }
 
@@ -1275,7 +1396,6 @@ impl World {
                         Slot {
                             waiters: 0,
                             ready: true,
-                            mailboxes: BTreeMap::new(),
                             linger: Some(self.timing.linger),
                         },
                     );
@@ -1288,19 +1408,10 @@ impl World {
                         .map(|p| Req {
                             owner: Owner { n: 0, read: p.read },
                             phase: Phase::NotStarted,
-                            acq: Acquiring {
-                                lease: p.lease,
-                                started: 0,
-                                deadline: 0,
-                                failures: 0,
-                                queued_once: false,
-                                queued_at: None,
-                                pending: false,
-                                sent_at: 0,
-                                may_queue: false,
-                                ttl: None,
-                            },
+                            acq: decide::start(0, 0, &self.timing),
+                            ttl: None,
                             waiter: false,
+                            mailbox: None,
                             held_from: 0,
                         })
                         .collect(),
@@ -1321,11 +1432,47 @@ impl World {
         State {
             now: 0,
             ks: Keyspace::default(),
+            replica: None,
+            down_until: None,
             subs,
             clients,
             budget: self.faults,
             ghost: Ghost::default(),
         }
+    }
+}
+
+fn read_acquire(reply: &Reply) -> Answer {
+    let num = |r: &Reply| -> Option<i64> {
+        match r {
+            Reply::Int(i) => Some(*i),
+            Reply::Bulk(b) => b.parse().ok(),
+            _ => None,
+        }
+    };
+    match reply {
+        Reply::Array(items) => {
+            let flag = num(&items[0]).unwrap();
+            let n = num(&items[1]).unwrap();
+            let at = items.get(2).and_then(num).unwrap_or(0);
+            match flag {
+                1 | 2 => Answer::Granted { fence: n as u64 },
+                _ => Answer::Busy {
+                    ttl: (n > 0).then_some(n as u64),
+                    queued: (at > 0).then_some(at as u64),
+                },
+            }
+        }
+        Reply::Error(_) => Answer::Refused,
+        other => panic!("acquire.lua answered {other:?}"),
+    }
+}
+
+/// A renewal script's flags (one lock): renewed or not.
+fn read_renewed(reply: &Reply) -> bool {
+    match reply {
+        Reply::Bulk(b) => b == "1",
+        other => panic!("renew answered {other:?}"),
     }
 }
 
@@ -1335,6 +1482,7 @@ pub fn acquiring(p: &Phase) -> bool {
         p,
         Phase::Attempting(_)
             | Phase::Acking(..)
+            | Phase::Unacking(_)
             | Phase::Subscribing
             | Phase::Checking(_)
             | Phase::Napping(_)
@@ -1352,10 +1500,11 @@ impl Model for World {
 
     fn actions(&self, s: &State, actions: &mut Vec<Action>) {
         let b = &s.budget;
+        let up = s.down_until.is_none();
         for (c, cl) in s.clients.iter().enumerate() {
             let c = c as u8;
             for conn in 0..2u8 {
-                if !cl.out[conn as usize].is_empty() {
+                if up && !cl.out[conn as usize].is_empty() {
                     actions.push(Action::Serve {
                         client: c,
                         conn,
@@ -1380,7 +1529,7 @@ impl Model for World {
                     actions.push(Action::Deliver { client: c, conn });
                 }
             }
-            if !cl.sub_out.is_empty() {
+            if up && !cl.sub_out.is_empty() {
                 actions.push(Action::ServeSub { client: c });
             }
             if !cl.sub_in.is_empty() {
@@ -1398,6 +1547,12 @@ impl Model for World {
             }
             if cl.alive && b.crash > 0 && cl.reqs.iter().any(|q| q.phase != Phase::NotStarted) {
                 actions.push(Action::Crash { client: c });
+            }
+        }
+        if s.replica.is_some() {
+            actions.push(Action::Replicate);
+            if b.failover > 0 {
+                actions.push(Action::Failover);
             }
         }
         let timers = self.timers(s);
@@ -1421,6 +1576,7 @@ impl Model for World {
                 .iter()
                 .map(|t| t.2)
                 .chain(expiries)
+                .chain(s.down_until)
                 .filter(|&t| t > s.now)
                 .min()
             {
@@ -1439,6 +1595,9 @@ impl Model for World {
             } => {
                 let sent = s.clients[c as usize].out[conn as usize].remove(0);
                 let reply = self.execute(&mut s, c, &sent.cmd);
+                if sent.copy {
+                    properties::on_copy(self, &mut s, c, &sent.cmd);
+                }
                 let alive = s.clients[c as usize].alive;
                 match fault {
                     Fault::None if alive => s.clients[c as usize].inbox[conn as usize].push(Back {
@@ -1455,7 +1614,7 @@ impl Model for World {
                     }
                     Fault::ResendVerbatim => {
                         s.budget.resend_verbatim -= 1;
-                        s.clients[c as usize].out[conn as usize].push(sent);
+                        s.clients[c as usize].out[conn as usize].push(Sent { copy: true, ..sent });
                     }
                 }
             }
@@ -1476,6 +1635,11 @@ impl Model for World {
             Action::Tick(t) => {
                 s.now = t;
                 s.ks.expire(EPOCH_MS + t);
+                // Replication lags less than a step of the clock.
+                s.replica = None;
+                if s.down_until.is_some_and(|d| d <= t) {
+                    s.down_until = None;
+                }
             }
             Action::Cancel { client, req } => {
                 s.budget.cancel -= 1;
@@ -1484,6 +1648,11 @@ impl Model for World {
             Action::Crash { client } => {
                 s.budget.crash -= 1;
                 self.crash(&mut s, client);
+            }
+            Action::Replicate => s.replica = None,
+            Action::Failover => {
+                s.budget.failover -= 1;
+                self.failover(&mut s);
             }
         }
         Some(s)

@@ -101,6 +101,18 @@ fn rel(owner: &str) -> Step {
     )
 }
 
+fn forced_rel(owner: &str) -> Step {
+    Step::Eval(
+        Script::Release,
+        s(&LOCK),
+        s(&[owner, "l:granted:", "publish", "l:released", "r", "1"]),
+    )
+}
+
+fn keep(owner: &str, left: &str) -> Step {
+    Step::Eval(Script::Keep, s(&["l", "l:readers"]), s(&[owner, left]))
+}
+
 fn renew(lease: &str, front: &str, rest: &str) -> Step {
     Step::Eval(Script::Renew, s(&["l"]), s(&[lease, front, rest]))
 }
@@ -397,6 +409,44 @@ fn leases_and_queue_stays_lapse_as_on_redis() {
             acq("c:r1", "200", "", "", ""),
             Step::Sleep(250),
             rel("c:r1"),
+        ],
+    );
+}
+
+#[test]
+fn min_hold_releases_and_late_renewals_as_on_redis() {
+    compare(
+        "keep",
+        &["l:granted:d"],
+        vec![
+            // A writer's hold kept for its min_hold: renamed, shortened,
+            // and a renewal (or keep) sent again after it extends nothing.
+            acq("c:1", "30000", "", "", ""),
+            keep("c:1", "400"),
+            renew("30000", "c:", "1"),
+            keep("c:1", "400"),
+            acq("c:1", "30000", "", "5000", "1"),
+            acq("d:1", "30000", "", "5000", ""),
+            rel("c:1"),
+            Step::Sleep(450),
+            acq("d:1", "30000", "", "5000", "1"),
+            // Readers: each kept alone, the lock as long as the longest.
+            rel("d:1"),
+            acq("c:r2", "30000", "", "", ""),
+            acq("d:r2", "1000", "", "", ""),
+            keep("c:r2", "300"),
+            renew_read("30000", "c:", "r2"),
+            keep("c:r2", "300"),
+            keep("d:r2", "5000"),
+            Step::Sleep(350),
+            rel("d:r2"),
+            // A forced release hands over as the holder's own would, and
+            // the holder's release then finds the lock lost.
+            acq("c:3", "30000", "", "", ""),
+            acq("d:3", "30000", "", "5000", ""),
+            forced_rel("c:3"),
+            rel("c:3"),
+            rel("d:3"),
         ],
     );
 }
