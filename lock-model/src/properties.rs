@@ -163,13 +163,21 @@ pub fn on_timeout(w: &World, s: &mut State, c: u8, r: u8) {
     }
 }
 
-/// A renewal's answer reached a holder's watchdog.
-pub fn on_renewal_answer(s: &mut State, key: u8, c: u8, owner: Owner, verdict: Verdict) {
-    if verdict == Verdict::Renewed && s.ghost.lost_by_failover.contains(&(key, c, owner)) {
+/// A renewal's answer reached a holder's watchdog, which decided whether
+/// the hold is `lost`: a holder whose lock a failover lost must be, at the
+/// first answer the server gives it.
+pub fn on_renewal_answer(
+    s: &mut State,
+    (key, c, owner): (u8, u8, Owner),
+    verdict: Verdict,
+    lost: bool,
+) {
+    if verdict != Verdict::NoAnswer && !lost && s.ghost.lost_by_failover.contains(&(key, c, owner))
+    {
         violation(
             s,
             format!(
-                "untold: {} was renewed on key {key}, whose lock the failover lost",
+                "untold: {} still holds key {key} after a renewal answered {verdict:?}, though the failover lost its lock",
                 owner_id(c, owner)
             ),
         );

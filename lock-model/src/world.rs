@@ -1007,7 +1007,7 @@ impl World {
                 let lease = e.lease;
                 let lost = decide::on_renewed(&mut e.r, verdict, (sent_at, sent), lease, now);
                 let key = e.key;
-                properties::on_renewal_answer(s, key, c, owner, verdict);
+                properties::on_renewal_answer(s, (key, c, owner), verdict, lost);
                 if lost {
                     self.lose(s, c, owner);
                 }
