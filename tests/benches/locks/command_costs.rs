@@ -75,12 +75,17 @@ impl CommandCosts {
     }
 
     /// `evalsha 2.00 × 5.1 µs · time 1.00 × 0.4 µs`: calls per cycle and
-    /// µs per call, scripts first, then by calls.
+    /// µs per call, scripts first, then by calls; commands run less than
+    /// once per 200 cycles (other clients' background work) left out.
     pub fn per_cycle(&self, cycles: u64) -> String {
         if cycles == 0 || self.0.is_empty() {
             return "n/a".into();
         }
-        let mut v: Vec<(&String, &Cost)> = self.0.iter().collect();
+        let mut v: Vec<(&String, &Cost)> = self
+            .0
+            .iter()
+            .filter(|(_, c)| c.calls as f64 / cycles as f64 >= 0.005)
+            .collect();
         v.sort_by_key(|(k, c)| (!SCRIPT_COMMANDS.contains(&k.as_str()), u64::MAX - c.calls));
         v.iter()
             .map(|(k, c)| {

@@ -313,8 +313,8 @@ pub fn run(ctx: &Ctx, report: &mut Report) {
          Client CPU / cycle: this bench process's user + system CPU (`getrusage(RUSAGE_SELF)`: the runtime's \
          workers, the clients' I/O threads and the bench's own loop, which is the same for every contender) over \
          the same window ÷ cycles; only one contender runs at a time. Commands: `INFO commandstats` over the \
-         window, calls per cycle × µs per call (`usec_per_call`); a script's µs include the commands it runs, \
-         which are listed under their own names as well. Socket reads / writes: `total_reads_processed` and \
+         window, calls per cycle × µs per call (`usec_per_call`; commands run less than once per 200 cycles left \
+         out); a script's µs include the commands it runs, which are listed under their own names as well. Socket reads / writes: `total_reads_processed` and \
          `total_writes_processed` (`INFO stats`) ÷ cycles: the server pays a system call per read and per \
          write, shared by every command that arrived or left together, so a client that keeps more commands in \
          flight costs the server less per command.",

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::captured::Captured;
+use crate::command_costs::CommandCosts;
 use crate::latency::{empty_body, rslock_cycle};
 use crate::report::Report;
 use crate::servers;
@@ -23,13 +24,16 @@ fn redis_cpu(port: u16) -> f64 {
 }
 
 /// What one contender did in its window.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub(crate) struct Window {
     pub(crate) per_sec: f64,
     /// Redis CPU seconds per cycle.
     pub(crate) redis_cpu: f64,
     /// This process's CPU seconds per cycle (`getrusage`).
     pub(crate) client_cpu: f64,
+    pub(crate) cycles: u64,
+    /// `INFO commandstats` over the window.
+    pub(crate) costs: CommandCosts,
 }
 
 /// Cycles per second of `TASKS` tasks running `op(task, k)` back to back,
@@ -55,9 +59,11 @@ where
     }
     tokio::time::sleep(warm).await;
     let cpu0 = redis_cpu(port);
+    let costs0 = CommandCosts::read(&mut servers::conn(port));
     let (c0, t0, p0) = (done.load(Ordering::Relaxed), Instant::now(), process_cpu());
     tokio::time::sleep(window).await;
     let (c1, t1, p1) = (done.load(Ordering::Relaxed), Instant::now(), process_cpu());
+    let costs1 = CommandCosts::read(&mut servers::conn(port));
     let cpu1 = redis_cpu(port);
     stop.store(true, Ordering::Relaxed);
     for h in handles {
@@ -67,6 +73,8 @@ where
         per_sec: (c1 - c0) as f64 / (t1 - t0).as_secs_f64(),
         redis_cpu: (cpu1 - cpu0) / (c1 - c0).max(1) as f64,
         client_cpu: p1.saturating_sub(p0).as_secs_f64() / (c1 - c0).max(1) as f64,
+        cycles: c1 - c0,
+        costs: costs1.since(&costs0),
     }
 }
 
@@ -203,6 +211,12 @@ pub fn run(ctx: &Ctx, report: &mut Report) {
         client_us(&rs),
         client_us(&bare),
     );
+    // What each cycle ran, in the first round.
+    let commands = |v: &[Window]| {
+        v.first()
+            .map_or("n/a".into(), |w| w.costs.per_cycle(w.cycles))
+    };
+    let (manual_commands, rs_commands) = (commands(&manual), commands(&rs));
     let (manual, attr, rs, bare) = (rate(&manual), rate(&attr), rate(&rs), rate(&bare));
     let ceil = mean(&ceiling);
     let half = ceil.map(|c| c / 2.0);
@@ -353,14 +367,11 @@ pub fn run(ctx: &Ctx, report: &mut Report) {
         report.why(format!(
             "the client and Redis share this machine's 2 cores, and Redis does the larger share of the work: \
              it was busy {:.0} % of a core during ours and {:.0} % during rslock's run, \
-             and spent {oc:.1} µs of CPU per cycle on ours against {rc:.1} µs on rslock's ({:.2}×): ours runs \
-             two scripts with 7 commands per cycle (the fencing token needs `TIME` and `SET fence GET`, the \
-             release checks for queued waiters), rslock runs `SET NX PX` and one script with `GET` + `DEL`, \
-             and hands out no token. At rslock's Redis CPU per cycle ours would reach about {} cycles/s \
-             ({:.2}× rslock). What would meet it: Redis work per cycle at rslock's level, which the fencing \
-             counter rules out on Redis 7 (a server-side compare-and-delete such as Valkey 9's `DELIFEQ` \
-             would take the release script off the uncontended path), or spreading keys over more Redis \
-             cores (Cluster).",
+             and spent {oc:.1} µs of CPU per cycle on ours against {rc:.1} µs on rslock's ({:.2}×). Per \
+             cycle, ours ran {manual_commands}; rslock ran {rs_commands} (calls × µs per call, `INFO \
+             commandstats`). At rslock's Redis CPU per cycle ours would reach about {} cycles/s ({:.2}× \
+             rslock). What would meet it: Redis work per cycle at rslock's level (case 9 has it fenced and \
+             unfenced, on Redis and Valkey), or spreading keys over more Redis cores (Cluster).",
             100.0 * o * oc / 1e6,
             100.0 * r * rc / 1e6,
             oc / rc,
