@@ -218,6 +218,7 @@ pub fn run(ctx: &Ctx, report: &mut Report) {
         fmt_count(n as f64)
     ));
     let per = |b: i64, n: u64| fmt_bytes(b as f64 / n as f64);
+    let keys = |k: u64, n: u64| format!("{:.2} ({})", k as f64 / n as f64, fmt_count(k as f64));
     let rows: Vec<Vec<String>> = results
         .iter()
         .map(|r| {
@@ -227,15 +228,15 @@ pub fn run(ctx: &Ctx, report: &mut Report) {
                 fmt_count(r.n as f64),
                 fmt_ns(r.took.as_nanos() as u64),
                 per(r.after, r.n),
-                format!("{:.2}", r.keys_after as f64 / r.n as f64),
-                format!("{:.2}", r.ttl_after as f64 / r.n as f64),
+                keys(r.keys_after, r.n),
+                keys(r.ttl_after, r.n),
                 if r.ttl_after > 0 {
                     fmt_ttl(r.longest_ttl_ms)
                 } else {
                     "—".into()
                 },
                 per(r.expired, r.n),
-                format!("{:.2}", r.keys_expired as f64 / r.n as f64),
+                keys(r.keys_expired, r.n),
             ]
         })
         .collect();
@@ -246,11 +247,11 @@ pub fn run(ctx: &Ctx, report: &mut Report) {
             "names",
             "took",
             "memory / name, right after",
-            "keys / name",
+            "keys / name (in all)",
             "of them with a TTL",
             "longest TTL",
             "memory / name, TTL'd keys gone",
-            "keys / name",
+            "keys / name (in all)",
         ],
         &rows,
     );
