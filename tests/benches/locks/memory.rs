@@ -217,7 +217,11 @@ pub fn run(ctx: &Ctx, report: &mut Report) {
          layout leaves.",
         fmt_count(n as f64)
     ));
-    let per = |b: i64, n: u64| fmt_bytes(b as f64 / n as f64);
+    // (Within half a byte of nothing: "0 B", not "-0 B".)
+    let per = |b: i64, n: u64| {
+        let x = b as f64 / n as f64;
+        fmt_bytes(if x.abs() < 0.5 { 0.0 } else { x })
+    };
     let keys = |k: u64, n: u64| format!("{:.2} ({})", k as f64 / n as f64, fmt_count(k as f64));
     let rows: Vec<Vec<String>> = results
         .iter()
