@@ -83,6 +83,8 @@ impl LockClientBuilder {
     /// that lapsed starts again at the server's clock in microseconds, where
     /// every token starts anyway, so tokens still rise as long as the clock
     /// has not stepped back by more than the time the counter was unused.
+    /// (Each use sets the expiry again: a counter in use never lapses, and
+    /// while it lives a clock step back changes nothing.)
     pub fn fence_ttl(mut self, ttl: Duration) -> Self {
         self.config.fence_ttl = ttl;
         self

@@ -42,7 +42,8 @@
 //! acquisition that holds it and its fencing token, with the lease as its
 //! expiry. Tokens come from one counter per server (`lock:fence`; one per
 //! hash slot on a Redis Cluster), which expires after
-//! [`fence_ttl`](LockClientBuilder::fence_ttl) unused. Waiters queue in `lock:{key}:queue` (with
+//! [`fence_ttl`](LockClientBuilder::fence_ttl) unused. Waiters queue in
+//! `lock:{key}:queue` (with
 //! their leases in `lock:{key}:waiters`), and a release hands the lock to
 //! the first of them, telling its client on `lock:{key}:granted:<client
 //! id>`: a contended acquisition is one failed attempt and one pub/sub
