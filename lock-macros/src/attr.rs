@@ -6,7 +6,8 @@ use proc_macro2::Span;
 use syn::meta::ParseNestedMeta;
 use syn::{Expr, ExprLit, Lit, LitStr, Path};
 
-const OPTIONS: &str = "key, keys, mode, lease, wait, on_lost, on_busy, min_hold, max_hold, crate";
+const OPTIONS: &str =
+    "key, keys, mode, lease, wait, on_lost, on_busy, min_hold, max_hold, fence, crate";
 
 /// The attribute's options, validated.
 pub(crate) struct Args {
@@ -22,6 +23,8 @@ pub(crate) struct Args {
     pub(crate) skip_if_busy: bool,
     pub(crate) min_hold: Option<Duration>,
     pub(crate) max_hold: Option<Duration>,
+    /// `fence = false`: no token.
+    pub(crate) unfenced: bool,
     pub(crate) krate: Option<Path>,
 }
 
@@ -36,6 +39,7 @@ struct Builder {
     on_busy: Option<bool>,
     min_hold: Option<Duration>,
     max_hold: Option<(Duration, LitStr)>,
+    fence: Option<bool>,
     krate: Option<Path>,
 }
 
@@ -85,6 +89,7 @@ impl Args {
             skip_if_busy: b.on_busy.unwrap_or(false),
             min_hold: b.min_hold,
             max_hold: b.max_hold.map(|(d, _)| d),
+            unfenced: b.fence == Some(false),
             krate: b.krate,
         })
     }
@@ -249,6 +254,21 @@ impl Builder {
                 let d = duration(&lit, "max_hold", false)?;
                 once(&mut self.max_hold, &meta, "max_hold", (d, lit))
             }
+            "fence" => {
+                let expr: Expr = meta.value()?.parse()?;
+                let fence = match &expr {
+                    Expr::Lit(ExprLit {
+                        lit: Lit::Bool(b), ..
+                    }) => b.value,
+                    other => {
+                        return Err(syn::Error::new_spanned(
+                            other,
+                            "`fence` takes `true` (the default: every body gets a fencing token) or `false` (no token; the lock costs no more than a bare `SET NX PX`)",
+                        ))
+                    }
+                };
+                once(&mut self.fence, &meta, "fence", fence)
+            }
             "crate" => {
                 let lit = string(&meta, "crate", "\"lock_runtime\"")?;
                 let path: Path = lit.parse().map_err(|_| {
@@ -393,5 +413,22 @@ mod tests {
         assert!(e(quote!(key = "a", keys = ["b"])).contains("not both"));
         assert!(e(quote!(key = "k", key = "j")).contains("twice"));
         assert!(e(quote!(key = 5)).contains("string literal"));
+        assert!(e(quote!(key = "k", fence = "no")).contains("`false`"));
+        assert!(e(quote!(key = "k", fence = false, fence = true)).contains("twice"));
+    }
+
+    #[test]
+    fn fence_false_asks_for_no_token() {
+        assert!(
+            Args::parse(quote!(key = "k", fence = false))
+                .unwrap()
+                .unfenced
+        );
+        assert!(
+            !Args::parse(quote!(key = "k", fence = true))
+                .unwrap()
+                .unfenced
+        );
+        assert!(!Args::parse(quote!(key = "k")).unwrap().unfenced);
     }
 }

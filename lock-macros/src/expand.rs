@@ -87,6 +87,11 @@ pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
         (wait, _) => millis("wait", wait),
     };
     let min_hold = millis("min_hold", args.min_hold);
+    let fence = if args.unfenced {
+        quote!(.fence(false))
+    } else {
+        quote!()
+    };
     let max_hold = millis("max_hold", args.max_hold);
     let on_lost = if args.on_lost_continue {
         quote!(#krate::OnLost::Continue)
@@ -160,6 +165,7 @@ pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
                 #wait
                 #min_hold
                 #max_hold
+                #fence
                 .#run(#body_var)
                 .await
             {

@@ -1,254 +1,263 @@
 -- Take a lock for one acquisition, or join its queue of waiters.
--- KEYS[1] lock, KEYS[2] fence counter, KEYS[3] queue (owner ids, FIFO),
--- KEYS[4] waiters (owner id -> "<lease ms> <queued until, server ms>"),
--- KEYS[5] readers (a sorted set: reader owner ids by their lease's end,
--- server ms)
--- ARGV[1] owner id ("<client id>:<n>", unique per acquisition)
+-- KEYS[1] lock; KEYS[2] the token counter of the lock's hash slot (one per
+-- slot, shared by every lock there; see key.rs). The lock's queue, waiters
+-- and readers are KEYS[1] .. ':queue', ':waiters', ':readers' (same slot).
+-- ARGV[1] owner id ("<client id>:<n>", a reader's "<client id>:r<n>",
+--         unique per acquisition)
 -- ARGV[2] lease in ms
--- ARGV[3] the token floor in microseconds; '' = this server's clock
--- ARGV[4] if busy: '' = just say so; 'w<ms>' = mark the lock so that its
---         release publishes a wake-up (Redlock; a writer's mark on a
+-- ARGV[3] if busy: '' = just say so; '<ms>' = queue for that long (a
+--         release skips a waiter past it); 'w<ms>' = Redlock: mark the lock
+--         so that its release publishes a wake-up (a writer's mark on a
 --         read-held lock, which holds back new readers, lapses after <ms>
---         unless the writer asks again); else how many ms to stay queued,
---         after which a release skips this waiter
--- ARGV[5] '1' if an earlier send of this owner may have queued it (a
---         queuing attempt is checked whatever this says: a transport may
---         send it twice unawares)
--- The lock holds "<owner>", or "<owner> <mark>" with mark 'q' once someone
--- queued behind it ('w' on Redlock), or "<owner> <mark> <from>" after a
--- hand-off from the owner <from> ('-': no mark), so that a release knows
--- whom to serve without reading anything else.
--- A hold released with min_hold left is renamed "<owner>!" (keep.lua) and
--- lapses there; it is busy to everyone, its owner included.
--- A reader's owner id is "<client id>:r<n>". Readers share the lock, which
--- then holds "~r" (plus mark and from as above) and lives as long as its
--- longest reader; each reader's own lease is its entry in KEYS[5]. Once a
--- writer queues, new readers queue behind it.
+--         unless the writer asks again)
+-- ARGV[4] flags: 'f' hand out a fencing token; 'j' an earlier send of this
+--         owner may have queued it (a queuing attempt is checked whatever
+--         this says: a transport may send it twice unawares)
+-- ARGV[5] how long the counter outlives its last use, in ms
+-- ARGV[6] (Redlock) the token floor in microseconds; else the server's clock
+--
+-- The lock holds "<holder> <token> <mark> <from>", the trailing fields
+-- left out while empty: <token> is the hold's fencing token ('-': none,
+-- `fence = false`), <mark> 'q' once someone queued behind it ('w' on
+-- Redlock, '-' none), <from> the owner that handed it over (so that a
+-- release sent twice knows it ran). An unmarked writer's lock is exactly
+-- "<owner> <token>" (or "<owner>" without a token): what its release
+-- compares and deletes, natively where the server can. <holder> is the
+-- owner id, "~r" while readers share the lock (each reader's lease is its
+-- score in the readers), or "<owner>!" after a release with min_hold left
+-- (keep.lua; busy to everyone until it lapses).
 -- Returns {1, token} taken, {2, token} already this owner's (an earlier
 -- send ran, or a release handed it over), {0, pttl, queued at (server ms,
--- 0 = not queued)} busy.
-local owner = ARGV[1]
--- Tokens and clocks in microseconds have 16 digits, more than Lua's
--- number-to-string conversion keeps: they stay decimal strings here, and
--- are compared as such (no leading zeros: the longer one is larger).
-local function above(a, b)
-  return #a > #b or (#a == #b and a > b)
-end
--- The server's clock, read once per call and only when needed.
+-- 0 = not queued)} busy. Token 0: none.
+local lock, owner, lease, stay = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
+local fenced = string.find(ARGV[4], 'f', 1, true) ~= nil
+local reader = string.find(owner, ':r', 1, true) ~= nil
+-- A queuing attempt, or one after an earlier send that may have queued:
+-- taking the lock, it leaves the queue.
+local may_be_queued = stay ~= '' or string.find(ARGV[4], 'j', 1, true) ~= nil
+
+-- The next token of the lock's slot, raising its counter: never below
+-- the clock in microseconds (16 digits: exact as Lua numbers, written with
+-- %.0f), so a counter that lost increments (failover, restart without
+-- persistence, eviction, expiry) still hands out tokens above every
+-- earlier one. Nil and an error reply if the counter is not one.
 local t
-local function time()
+local function next_token()
+  local floor = tonumber(ARGV[6] or '')
+  if not floor then
+    t = t or redis.call('time')
+    floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  local token = floor
+  local last = redis.pcall('set', KEYS[2], string.format('%.0f', floor), 'PX', ARGV[5], 'GET')
+  if type(last) == 'table' then
+    return nil, redis.error_reply('token counter ' .. KEYS[2] .. ' is not a string: ' .. tostring(last.err))
+  end
+  if last then
+    local n = tonumber(last)
+    if not n or not string.match(last, '^%d+$') then
+      redis.call('set', KEYS[2], last, 'PX', ARGV[5])
+      return nil, redis.error_reply('token counter ' .. KEYS[2] .. ' is not an integer')
+    end
+    if n >= floor then
+      token = n + 1
+      redis.call('set', KEYS[2], string.format('%.0f', token), 'PX', ARGV[5])
+    end
+  end
+  return string.format('%.0f', token)
+end
+
+-- The fast path, straight through: a writer takes a free lock. The
+-- counter is raised before the lock is tried, so that the token is in the
+-- value the lock is set with: a busy attempt leaves a gap, which is
+-- harmless.
+local token
+if fenced and not reader then
+  local err
+  token, err = next_token()
+  if not token then
+    return err
+  end
+end
+if not reader then
+  local value = owner
+  if token then
+    value = owner .. ' ' .. token
+  end
+  if redis.call('set', lock, value, 'NX', 'PX', lease) then
+    if may_be_queued and redis.call('hdel', lock .. ':waiters', owner) == 1 then
+      -- Taken directly (the lock had expired) by a queued waiter: it
+      -- leaves the queue, and if others still wait, its release serves
+      -- them.
+      redis.call('lrem', lock .. ':queue', 1, owner)
+      if redis.call('llen', lock .. ':queue') > 0 then
+        redis.call('set', lock, owner .. ' ' .. (token or '-') .. ' q', 'KEEPTTL')
+      end
+    end
+    return {1, token or 0}
+  end
+end
+
+-- Everything else: busy, a repeat, a reader.
+local queue, waiters, readers = lock .. ':queue', lock .. ':waiters', lock .. ':readers'
+local function now_ms()
   if not t then
     t = redis.call('time')
   end
-  return t
-end
-local function clock_us()
-  local t = time()
-  return t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
-end
-local reader = string.find(owner, ':r', 1, true) ~= nil
-local function now_ms()
-  local t = time()
-  -- Milliseconds have 13 digits: exact as Lua numbers and in concatenation.
+  -- Milliseconds have 13 digits: exact as Lua numbers.
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
--- Whether an earlier send of this attempt may have queued this owner: the
--- client says so, or this attempt queues if busy (then the same attempt
--- may have been sent before, by a transport that repeats commands).
-local may_be_queued = ARGV[5] == '1' or ARGV[4] ~= ''
--- A grant taken directly by a waiter that an earlier send may have queued:
--- it leaves the queue, and if others still wait, this lock's release
--- serves them.
-local function left_queue(value)
-  if may_be_queued and redis.call('hdel', KEYS[4], owner) == 1 then
-    redis.call('lrem', KEYS[3], 1, owner)
-    if redis.call('llen', KEYS[3]) > 0 then
-      redis.call('set', KEYS[1], value .. ' q', 'KEEPTTL')
-    end
-  end
-end
--- A reader takes no token of its own: it gets the current one, which every
--- reader of one read hold shares. The first reader of a hold (`fresh`)
--- floors it at the clock as a writer's token is (a counter that lost
--- increments, say to a failover, must not hand a reader a token below an
--- earlier writer's); a raised floor is written, so that the readers after
--- it share it and the next writer's token is above it.
-local function current_token(fresh)
-  local token = redis.call('get', KEYS[2])
-  if token and not string.match(token, '^%d+$') then
-    return nil
-  end
-  local floor = ARGV[3]
-  if floor == '' then
-    floor = clock_us()
-  end
-  if not token or (fresh and above(floor, token)) then
-    token = floor
-    redis.call('set', KEYS[2], token)
-  end
-  return token
-end
--- Join the readers: this reader's lease, and the lock and its readers kept
--- at least that long.
-local function add_reader()
-  local lease = tonumber(ARGV[2])
-  redis.call('zadd', KEYS[5], now_ms() + lease, owner)
-  for _, k in ipairs({KEYS[1], KEYS[5]}) do
-    if redis.call('pttl', k) < lease then
-      redis.call('pexpire', k, lease)
-    end
-  end
-end
--- Whether a Redlock writer's mark on a read-held lock still holds back
--- new readers ('w' without a time: always, until the lock goes).
-local function writer_marked(mark)
-  if string.sub(mark, 1, 1) ~= 'w' then
-    return false
-  end
-  local untl = tonumber(string.sub(mark, 2))
-  return untl == nil or untl > now_ms()
-end
--- Whether a live writer waits in the queue (readers then queue behind it).
-local function writer_waits()
-  local now = now_ms()
-  for _, w in ipairs(redis.call('lrange', KEYS[3], 0, -1)) do
-    if not string.find(w, ':r', 1, true) then
-      local entry = redis.call('hget', KEYS[4], w)
-      local untl = entry and string.match(entry, ' (%d+)$')
-      if untl and tonumber(untl) > now then
-        return true
-      end
-    end
+local function leave_queue()
+  if may_be_queued and redis.call('hdel', waiters, owner) == 1 then
+    redis.call('lrem', queue, 1, owner)
+    return true
   end
   return false
 end
-local function not_a_counter()
-  return redis.error_reply('fence counter ' .. KEYS[2] .. ' is not an integer')
-end
-if reader then
-  local cur = redis.pcall('get', KEYS[1])
-  if cur == false then
-    local token = current_token(true)
-    if not token then
-      return not_a_counter()
-    end
-    -- (Entries left by readers of a lock that was deleted under them go:
-    -- those readers learn at their next renewal.)
-    redis.call('del', KEYS[5])
-    redis.call('set', KEYS[1], '~r', 'PX', ARGV[2])
-    redis.call('zadd', KEYS[5], now_ms() + tonumber(ARGV[2]), owner)
-    redis.call('pexpire', KEYS[5], ARGV[2])
-    left_queue('~r')
-    return {1, token}
-  end
-  if type(cur) == 'string' and (cur == '~r' or string.sub(cur, 1, 3) == '~r ') then
-    local mark = string.match(cur, '^~r (%S*)') or ''
-    -- (An entry whose lease ended is no longer a hold, even while other
-    -- readers keep the lock.)
-    local ends = redis.call('zscore', KEYS[5], owner)
-    local mine = ends ~= false and tonumber(ends) > now_ms()
-    if mine or (not writer_marked(mark) and (mark ~= 'q' or not writer_waits())) then
-      local token = current_token(false)
-      if not token then
-        return not_a_counter()
-      end
-      add_reader()
-      if mine then
-        return {2, token}
-      end
-      if may_be_queued and redis.call('hdel', KEYS[4], owner) == 1 then
-        redis.call('lrem', KEYS[3], 1, owner)
-      end
-      return {1, token}
-    end
-  end
-  -- Written, or a writer waits: busy, below.
-end
-if not reader and redis.call('set', KEYS[1], owner, 'NX', 'PX', ARGV[2]) then
-  -- Tokens never fall below the clock in microseconds, so a counter that
-  -- lost increments (failover to a lagging replica, restart without
-  -- persistence, eviction) still hands out tokens above every earlier one.
-  local token = ARGV[3]
-  if token == '' then
-    token = clock_us()
-  end
-  local last = redis.pcall('set', KEYS[2], token, 'GET')
-  if type(last) == 'table' and last.err then
-    redis.call('del', KEYS[1])
-    return redis.error_reply('fence counter ' .. KEYS[2] .. ' is not a string: ' .. last.err)
-  end
-  if last and not string.match(last, '^%d+$') then
-    redis.call('set', KEYS[2], last)
-    redis.call('del', KEYS[1])
-    return redis.error_reply('fence counter ' .. KEYS[2] .. ' is not an integer')
-  end
-  if last and not above(token, last) then
-    token = string.format('%.0f', tonumber(last) + 1)
-    redis.call('set', KEYS[2], token)
-  end
-  -- Taken directly (the lock had expired) by a queued waiter.
-  left_queue(owner)
-  return {1, token}
-end
 -- Anything but a string (a lock of another layout, foreign data) is busy.
-local cur = redis.pcall('get', KEYS[1])
-if type(cur) ~= 'string' then
-  return {0, redis.call('pttl', KEYS[1]), 0}
-end
-local holder, mark, from = string.match(cur, '^(%S+) ?(%S*) ?(%S*)$')
-if holder == owner then
-  redis.call('pexpire', KEYS[1], ARGV[2])
-  local token = redis.call('get', KEYS[2])
-  if not token then
-    -- The counter vanished under a held lock (eviction): restart it at
-    -- the clock rather than leave the holder without a token.
-    token = clock_us()
-    redis.call('set', KEYS[2], token)
+local cur = redis.pcall('get', lock)
+if reader and cur == false then
+  -- The first reader of a read hold: the hold's token is the counter's
+  -- next, floored at the clock as a writer's is; the readers that join it
+  -- share it, and the next writer's is above it.
+  -- (Entries left by readers of a lock that was deleted under them go:
+  -- those readers learn at their next renewal.)
+  if fenced then
+    local err
+    token, err = next_token()
+    if not token then
+      return err
+    end
   end
-  return {2, token}
+  redis.call('del', readers)
+  redis.call('set', lock, '~r ' .. (token or '-'), 'PX', lease)
+  redis.call('zadd', readers, now_ms() + tonumber(lease), owner)
+  redis.call('pexpire', readers, lease)
+  if leave_queue() and redis.call('llen', queue) > 0 then
+    redis.call('set', lock, '~r ' .. (token or '-') .. ' q', 'KEEPTTL')
+  end
+  return {1, token or 0}
 end
-local pttl = redis.call('pttl', KEYS[1])
-if ARGV[4] == '' then
+if type(cur) ~= 'string' then
+  return {0, redis.call('pttl', lock), 0}
+end
+local holder, held_token, mark, from = string.match(cur, '^(%S+) ?(%S*) ?(%S*) ?(%S*)$')
+if not holder then
+  return {0, redis.call('pttl', lock), 0}
+end
+local function token_of(s)
+  return tonumber(s) or 0
+end
+-- The lock's value with another holder, mark or from (nil: as it is).
+local function value_with(h, tok, m, f)
+  local v = h .. ' ' .. (tok ~= '' and tok or '-')
+  m, f = m or mark, f or from
+  if f ~= '' then
+    return v .. ' ' .. (m ~= '' and m or '-') .. ' ' .. f
+  elseif m ~= '' and m ~= '-' then
+    return v .. ' ' .. m
+  end
+  return v
+end
+
+if holder == owner then
+  -- An earlier send of this attempt ran, or a release handed it over.
+  redis.call('pexpire', lock, lease)
+  return {2, token_of(held_token)}
+end
+
+if reader and holder == '~r' then
+  -- Readers share the lock unless a Redlock writer's mark holds them back,
+  -- or a live writer waits in the queue.
+  local ends = redis.call('zscore', readers, owner)
+  -- (An entry whose lease ended is no longer a hold, even while other
+  -- readers keep the lock.)
+  local mine = ends ~= false and tonumber(ends) > now_ms()
+  local blocked = false
+  if not mine then
+    if string.sub(mark, 1, 1) == 'w' then
+      local untl = tonumber(string.sub(mark, 2))
+      blocked = untl == nil or untl > now_ms()
+    elseif mark == 'q' then
+      for _, w in ipairs(redis.call('lrange', queue, 0, -1)) do
+        if not string.find(w, ':r', 1, true) then
+          local entry = redis.call('hget', waiters, w)
+          local untl = entry and string.match(entry, '^%d+ (%d+)')
+          if untl and tonumber(untl) > now_ms() then
+            blocked = true
+            break
+          end
+        end
+      end
+    end
+  end
+  if not blocked then
+    local hold_token = held_token
+    if fenced and (hold_token == '' or hold_token == '-') then
+      -- A fenced reader joins a hold that had no token: it gets one now,
+      -- and shares it with the readers after it.
+      local err
+      hold_token, err = next_token()
+      if not hold_token then
+        return err
+      end
+      redis.call('set', lock, value_with('~r', hold_token), 'KEEPTTL')
+    end
+    local l = tonumber(lease)
+    redis.call('zadd', readers, now_ms() + l, owner)
+    for _, k in ipairs({lock, readers}) do
+      if redis.call('pttl', k) < l then
+        redis.call('pexpire', k, l)
+      end
+    end
+    if mine then
+      return {2, fenced and token_of(hold_token) or 0}
+    end
+    leave_queue()
+    return {1, fenced and token_of(hold_token) or 0}
+  end
+end
+
+-- Busy.
+local pttl = redis.call('pttl', lock)
+if stay == '' then
   return {0, pttl, 0}
 end
-local function marked(m)
-  if mark ~= m then
-    local tail = ''
-    if from ~= '' then
-      tail = ' ' .. from
-    end
-    redis.call('set', KEYS[1], holder .. ' ' .. m .. tail, 'KEEPTTL')
-  end
-end
-if string.sub(ARGV[4], 1, 1) == 'w' then
+if string.sub(stay, 1, 1) == 'w' then
   if holder ~= '~r' then
-    marked('w')
-  elseif not reader then
-    -- Readers queue behind this writer for a while: it asks again well
-    -- within that time, and if it gave up, new readers soon get in again.
-    local stay = tonumber(string.sub(ARGV[4], 2))
-    local mark = 'w'
-    if stay then
-      mark = mark .. (now_ms() + stay)
+    if mark ~= 'w' then
+      redis.call('set', lock, value_with(holder, held_token, 'w'), 'KEEPTTL')
     end
-    redis.call('set', KEYS[1], '~r ' .. mark, 'KEEPTTL')
+  elseif not reader then
+    -- Readers stay out behind this writer for a while: it asks again well
+    -- within that time, and if it gave up, new readers soon get in again.
+    local ms = tonumber(string.sub(stay, 2))
+    local m = 'w'
+    if ms then
+      m = m .. (now_ms() + ms)
+    end
+    redis.call('set', lock, value_with('~r', held_token, m), 'KEEPTTL')
   end
   -- (A reader waits on the writer's mark; the last reader's release
   -- publishes all the same.)
   return {0, pttl, 0}
 end
-local stay = tonumber(ARGV[4])
+local ms = tonumber(stay)
 local now = now_ms()
-local new = redis.call('hset', KEYS[4], owner, ARGV[2] .. ' ' .. (now + stay)) == 1
+-- The waiter's entry: its lease, how long it stays queued, and whether
+-- the hand-off hands it a token.
+local new = redis.call('hset', waiters, owner, lease .. ' ' .. (now + ms) .. (fenced and ' f' or '')) == 1
 -- (An entry whose list place was lost, say to eviction, gets one again.)
-if new or not redis.call('lpos', KEYS[3], owner) then
-  redis.call('rpush', KEYS[3], owner)
+if new or not redis.call('lpos', queue, owner) then
+  redis.call('rpush', queue, owner)
 end
 -- The queue lives as long as its longest-staying waiter.
-for i = 3, 4 do
-  if redis.call('pttl', KEYS[i]) < stay then
-    redis.call('pexpire', KEYS[i], stay)
+for _, k in ipairs({queue, waiters}) do
+  if redis.call('pttl', k) < ms then
+    redis.call('pexpire', k, ms)
   end
 end
-marked('q')
+if mark ~= 'q' then
+  redis.call('set', lock, value_with(holder, held_token, 'q'), 'KEEPTTL')
+end
 return {0, pttl, now}

@@ -1,20 +1,20 @@
 -- End one acquisition: hand the lock to the first live waiter in its
 -- queue, or delete it. A waiter that gives up leaves the queue by this
 -- same call.
--- KEYS[1] lock, KEYS[2] fence counter, KEYS[3] queue, KEYS[4] waiters,
--- KEYS[5] readers (see acquire.lua)
+-- KEYS[1] lock, KEYS[2] the token counter of its slot (see acquire.lua for
+-- both, and the lock's value); the queue, waiters and readers are
+-- KEYS[1] .. ':queue', ':waiters', ':readers'
 -- ARGV[1] owner id
--- ARGV[2] grant channel prefix: a waiter's client hears its grant on
---         ARGV[2] .. "<client id>"
--- ARGV[3] 'publish', or 'spublish' on a Redis Cluster
--- ARGV[4] wake-up channel (Redlock waiters, who do not queue)
--- ARGV[5] Redlock wake-ups: 'r' when this deletes a marked lock, 'a' also
---         when the lock is absent (a waiter may listen on a node where this
---         owner's lock never landed), 'n' never (taking back a partial grant)
--- ARGV[6] '1' for a forced release (an operator's, run as the holder): it
---         hands on as any release does, but does not record ARGV[1] as
+-- ARGV[2] flags: 's' tell waiters by SPUBLISH (a Redis Cluster; else
+--         PUBLISH); Redlock wake-ups on KEYS[1] .. ':released' (its waiters
+--         do not queue): 'r' when this deletes a marked lock, 'a' also when
+--         the lock is absent (a waiter may listen on a node where this
+--         owner's lock never landed), 'n' never (taking back a partial
+--         grant); 'f' a forced release (an operator's, run as the holder):
+--         it hands on as any release does, but does not record ARGV[1] as
 --         <from>, so that the holder's own later release finds the lock
 --         lost instead of taking itself for a re-send of this one
+-- ARGV[3] how long the counter outlives its last use, in ms
 -- A reader (owner id "<client id>:r<n>") leaves the readers; the last one
 -- out releases the lock as a writer would. A writer's release hands the
 -- lock to a queued writer, or to the queued readers up to the next writer,
@@ -22,23 +22,42 @@
 -- Returns 1 released (also: an earlier send of this release handed it
 -- over), 0 absent (expired, deleted, or released by an earlier send of
 -- this same release), -1 held by another owner.
-local owner = ARGV[1]
+local lock, owner, flags = KEYS[1], ARGV[1], ARGV[2]
+local cur = redis.pcall('get', lock)
+local holder, tok, mark, from
+if type(cur) == 'string' then
+  holder, tok, mark, from = string.match(cur, '^(%S+) ?(%S*) ?(%S*) ?(%S*)$')
+end
+
+-- The fast path, straight through: nobody waits behind this writer.
+if holder == owner and (mark == '' or mark == '-') then
+  redis.call('del', lock)
+  if string.find(flags, 'a', 1, true) then
+    redis.call('publish', lock .. ':released', '')
+  end
+  return 1
+end
+
+local queue, waiters, readers = lock .. ':queue', lock .. ':waiters', lock .. ':readers'
 local reader = string.find(owner, ':r', 1, true) ~= nil
+local forced = string.find(flags, 'f', 1, true) ~= nil
 local function is_reader(o)
   return string.find(o, ':r', 1, true) ~= nil
 end
 -- Leave the queue, if queued; whether this owner was.
 local function withdraw()
-  if redis.call('hdel', KEYS[4], owner) == 1 then
-    redis.call('lrem', KEYS[3], 1, owner)
+  if redis.call('hdel', waiters, owner) == 1 then
+    redis.call('lrem', queue, 1, owner)
     return true
   end
   return false
 end
-local cur = redis.pcall('get', KEYS[1])
-if type(cur) ~= 'string' then
-  if cur == false and ARGV[5] == 'a' then
-    redis.call('publish', ARGV[4], '')
+local function wake_redlock()
+  redis.call('publish', lock .. ':released', '')
+end
+if not holder then
+  if cur == false and string.find(flags, 'a', 1, true) then
+    wake_redlock()
   end
   withdraw()
   if cur == false then
@@ -46,16 +65,14 @@ if type(cur) ~= 'string' then
   end
   return -1
 end
-local holder, mark, from = string.match(cur, '^(%S+) ?(%S*) ?(%S*)$')
 -- What a hand-off writes after the new holder and mark: the releasing
--- owner as <from>; nothing for a forced release (ARGV[6]).
+-- owner as <from>; nothing for a forced release.
 local by = ' ' .. owner
-if ARGV[6] == '1' then
+if forced then
   by = ''
 end
--- The server's clock, read once and only when needed (an uncontended
--- writer's release does not). Milliseconds (13 digits) are exact as Lua
--- numbers; microseconds (16 digits, tokens) stay decimal strings.
+-- The server's clock, read once and only when needed. Milliseconds (13
+-- digits) and microseconds (16, tokens) are exact as Lua numbers.
 local t, now_ms
 local function clock()
   if not t then
@@ -63,66 +80,62 @@ local function clock()
     now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   end
 end
-local last, token
--- The next live waiter in the queue, popped, with its lease in ms.
+-- The next token of the slot (see acquire.lua): a writer handed the lock.
+local function next_token()
+  clock()
+  local token = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local last = redis.pcall('set', KEYS[2], string.format('%.0f', token), 'PX', ARGV[3], 'GET')
+  local n = type(last) == 'string' and string.match(last, '^%d+$') and tonumber(last)
+  if n and n >= token then
+    token = n + 1
+    redis.call('set', KEYS[2], string.format('%.0f', token), 'PX', ARGV[3])
+  end
+  return string.format('%.0f', token)
+end
+-- The next live waiter in the queue, popped, with its lease in ms and
+-- whether it takes a token.
 local function next_waiter(readers_only)
   while true do
     -- (A writer's release pops its head at once; a run of readers looks
     -- first, and stops at the next writer.)
     if readers_only then
-      local head = redis.call('lindex', KEYS[3], 0)
+      local head = redis.call('lindex', queue, 0)
       if not head or not is_reader(head) then
         return nil
       end
     end
-    local head = redis.call('lpop', KEYS[3])
+    local head = redis.call('lpop', queue)
     if not head then
       return nil
     end
-    local entry = redis.call('hget', KEYS[4], head)
+    local entry = redis.call('hget', waiters, head)
     if entry then
-      redis.call('hdel', KEYS[4], head)
-      local lease, untl = string.match(entry, '^(%d+) (%d+)$')
+      redis.call('hdel', waiters, head)
+      local lease, untl, fenced = string.match(entry, '^(%d+) (%d+) ?(%S*)$')
       -- (Never back to the releasing owner: an entry it left by an
       -- attempt whose answer was lost.)
       if lease and head ~= owner and tonumber(untl) > now_ms then
-        return head, tonumber(lease)
+        return head, tonumber(lease), fenced == 'f'
       end
     end
   end
 end
--- Tell `head` it holds the lock; false if nobody heard.
-local function told(head)
-  local clock_us = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
-  if not last then
-    last = redis.call('get', KEYS[2]) or ''
-  end
-  local given
-  if is_reader(head) then
-    -- Readers get the current token: the releasing writer's, or above it
-    -- (a counter that vanished restarts at the clock).
-    if last == '' then
-      last = clock_us
-      redis.call('set', KEYS[2], last)
-    end
-    given = last
-  else
-    if not token then
-      token = clock_us
-      if string.match(last, '^%d+$')
-        and (#last > #token or (#last == #token and last >= token)) then
-        token = string.format('%.0f', tonumber(last) + 1)
-      end
-    end
-    given = token
-  end
+-- Tell `head` it holds the lock with `token` ('-': none); false if nobody
+-- heard.
+local function told(head, token)
   local client = string.match(head, '^[^:]*')
+  local channel = lock .. ':granted:' .. client
+  local given = token == '-' and '0' or token
+  local message = head .. ' ' .. given .. ' ' .. now_ms
   -- Nobody subscribed: that waiter's client is gone (or not yet
   -- listening, and then it asks again); serve the next one.
-  return redis.call(ARGV[3], ARGV[2] .. client, head .. ' ' .. given .. ' ' .. now_ms) > 0
+  if string.find(flags, 's', 1, true) then
+    return redis.call('spublish', channel, message) > 0
+  end
+  return redis.call('publish', channel, message) > 0
 end
 local function rest()
-  if redis.call('llen', KEYS[3]) > 0 then
+  if redis.call('llen', queue) > 0 then
     return 'q'
   end
   return '-'
@@ -133,31 +146,42 @@ end
 -- of the queue join them. Returns whether anyone was served.
 local function serve(joining)
   clock()
-  local readers = joining
+  local serving = joining
   local served = false
+  -- Readers handed the lock together share one token: the hold's own if
+  -- they join one, else the releasing writer's (no new one is needed: it
+  -- is the latest), else a new one.
+  local read_token = (tok ~= '' and tok ~= '-') and tok or nil
+  local token
   while true do
-    local head, lease = next_waiter(readers)
+    local head, lease, fenced = next_waiter(serving)
     if not head then
       break
     end
-    if told(head) then
-      if not is_reader(head) then
-        redis.call('set', KEYS[1], head .. ' ' .. rest() .. by, 'PX', lease)
-        redis.call('set', KEYS[2], token)
+    if not is_reader(head) then
+      token = fenced and next_token() or '-'
+      if told(head, token) then
+        redis.call('set', lock, head .. ' ' .. token .. ' ' .. rest() .. by, 'PX', lease)
         return true
       end
-      if not readers then
-        readers = true
-        redis.call('del', KEYS[5])
-        redis.call('set', KEYS[1], '~r', 'PX', lease)
+    else
+      if fenced and not read_token then
+        read_token = next_token()
       end
-      redis.call('zadd', KEYS[5], now_ms + lease, head)
-      for _, k in ipairs({KEYS[1], KEYS[5]}) do
-        if redis.call('pttl', k) < lease then
-          redis.call('pexpire', k, lease)
+      if told(head, fenced and read_token or '-') then
+        if not serving then
+          serving = true
+          redis.call('del', readers)
+          redis.call('set', lock, '~r', 'PX', lease)
         end
+        redis.call('zadd', readers, now_ms + lease, head)
+        for _, k in ipairs({lock, readers}) do
+          if redis.call('pttl', k) < lease then
+            redis.call('pexpire', k, lease)
+          end
+        end
+        served = true
       end
-      served = true
     end
   end
   if served then
@@ -165,7 +189,7 @@ local function serve(joining)
     if joining then
       tail = from ~= '' and ' ' .. from or ''
     end
-    redis.call('set', KEYS[1], '~r ' .. rest() .. tail, 'KEEPTTL')
+    redis.call('set', lock, '~r ' .. (read_token or '-') .. ' ' .. rest() .. tail, 'KEEPTTL')
   end
   return served
 end
@@ -173,43 +197,45 @@ end
 -- though others still kept the lock (it releases all the same).
 local done = 1
 -- What a release with nobody to hand over to deletes.
-local gone = {KEYS[1]}
+local gone = {lock}
 if reader then
-  local ends = holder == '~r' and redis.call('zscore', KEYS[5], owner)
+  local ends = holder == '~r' and redis.call('zscore', readers, owner)
   if not ends then
     withdraw()
-    if from == owner and ARGV[6] ~= '1' then
+    if from == owner and not forced then
       -- This release ran before and handed the lock over.
       return 1
     end
     return 0
   end
-  if redis.call('zcard', KEYS[5]) > 1 then
+  if redis.call('zcard', readers) > 1 then
     -- Other readers still in their lease keep the lock for the longest of
     -- them; readers that died are dropped here, their lease over.
-    redis.call('zrem', KEYS[5], owner)
+    redis.call('zrem', readers, owner)
     clock()
     if tonumber(ends) <= now_ms then
       done = 0
     end
-    redis.call('zremrangebyscore', KEYS[5], '-inf', now_ms)
-    local longest = redis.call('zrange', KEYS[5], -1, -1, 'WITHSCORES')[2]
+    redis.call('zremrangebyscore', readers, '-inf', now_ms)
+    local longest = redis.call('zrange', readers, -1, -1, 'WITHSCORES')[2]
     if longest then
       local left = tonumber(longest) - now_ms
-      redis.call('pexpire', KEYS[1], left)
-      redis.call('pexpire', KEYS[5], left)
+      redis.call('pexpire', lock, left)
+      redis.call('pexpire', readers, left)
       return done
     end
   end
   -- The last reader out (the lock lives exactly as long as its longest
   -- reader, so a lone reader's lease has not ended): it releases the lock
-  -- as a writer would, and its entry goes with it.
-  gone = {KEYS[1], KEYS[5]}
+  -- as a writer would, and its entry goes with it. (A writer handed the
+  -- lock gets a new token; the readers' is not carried on.)
+  gone = {lock, readers}
+  tok = ''
   if mark == 'q' then
-    redis.call('del', KEYS[5])
+    redis.call('del', readers)
   end
 elseif holder ~= owner then
-  if from == owner and ARGV[6] ~= '1' then
+  if from == owner and not forced then
     -- This release ran before and handed the lock over.
     return 1
   end
@@ -227,7 +253,8 @@ redis.call('del', unpack(gone))
 -- Redlock: a waiter listens on one node, which its busy attempt may not
 -- have marked (that answer was lost): every release that frees the lock
 -- there wakes it.
-if (string.sub(mark, 1, 1) == 'w' and ARGV[5] ~= 'n') or ARGV[5] == 'a' then
-  redis.call('publish', ARGV[4], '')
+if (string.sub(mark, 1, 1) == 'w' and not string.find(flags, 'n', 1, true))
+  or string.find(flags, 'a', 1, true) then
+  wake_redlock()
 end
 return done

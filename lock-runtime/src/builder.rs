@@ -74,6 +74,22 @@ impl LockClientBuilder {
         self
     }
 
+    /// How long the token counter of a hash slot outlives its last use.
+    /// Default 24 h.
+    ///
+    /// Tokens come from one counter per Redis Cluster slot (one in all on a
+    /// single server), not one per lock name: a service that locks
+    /// `order:{id}` for millions of orders keeps no key per order. A counter
+    /// that lapsed starts again at the server's clock in microseconds, where
+    /// every token starts anyway, so tokens still rise as long as the clock
+    /// has not stepped back by more than the time the counter was unused.
+    /// (Each use sets the expiry again: a counter in use never lapses, and
+    /// while it lives a clock step back changes nothing.)
+    pub fn fence_ttl(mut self, ttl: Duration) -> Self {
+        self.config.fence_ttl = ttl;
+        self
+    }
+
     /// Time limit of one Redis command. Default 2 s.
     pub fn op_timeout(mut self, timeout: Duration) -> Self {
         self.config.op_timeout = timeout;

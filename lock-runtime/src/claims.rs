@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use crate::key::{client_of, LockName};
+use crate::key::client_of;
 use crate::protocol::{self, Route};
 
 pub(crate) use crate::protocol::ORPHAN_AFTER;
@@ -42,8 +42,8 @@ pub(crate) struct Grant {
 pub(crate) type Stamp = protocol::Stamp<tokio::time::Instant>;
 
 /// What a client does with a grant whose owner has no request any more:
-/// (the lock, the owner).
-pub(crate) type OnOrphan = Box<dyn Fn(LockName, Arc<str>) + Send + Sync>;
+/// (the grant channel it was heard on, the owner).
+pub(crate) type OnOrphan = Box<dyn Fn(&str, Arc<str>) + Send + Sync>;
 
 /// Where a request's grant lands.
 #[derive(Default)]
@@ -156,10 +156,10 @@ pub(crate) fn deliver(owner: &str, grant: Grant) -> bool {
     }
 }
 
-/// A grant message for `owner` on the lock `name`: to its request if one is
-/// under way; else ignored if the owner holds the lock through an attempt
-/// of its own; else an orphan, which the client releases.
-pub(crate) fn granted(name: LockName, owner: &str, grant: Grant) {
+/// A grant message for `owner` heard on `channel`: to its request if one
+/// is under way; else ignored if the owner holds the lock through an
+/// attempt of its own; else an orphan, which the client releases.
+pub(crate) fn granted(channel: &str, owner: &str, grant: Grant) {
     let Some(claims) = Claims::of(owner) else {
         return;
     };
@@ -173,7 +173,7 @@ pub(crate) fn granted(name: LockName, owner: &str, grant: Grant) {
     match protocol::route(live.is_some(), settled) {
         Route::Mailbox => live.expect("a live request").put(grant),
         Route::Settled => {}
-        Route::Orphan => (claims.on_orphan)(name, owner.into()),
+        Route::Orphan => (claims.on_orphan)(channel, owner.into()),
     }
 }
 
@@ -244,11 +244,11 @@ mod tests {
     #[test]
     fn a_grant_reaches_a_request_under_way_whatever_it_does() {
         let (_, claims, orphans) = client("claims-t1");
-        let name = LockName::new("lock:", "k").unwrap();
+        let name = "lock:{k}:granted:claims-t1";
         let owner: Arc<str> = "claims-t1:1".into();
         let claim = claims.open(&owner);
         // No waiter registered anywhere: the request is still sending.
-        granted(name.clone(), &owner, grant(7));
+        granted(name, &owner, grant(7));
         assert_eq!(
             orphans.load(Ordering::SeqCst),
             0,
@@ -264,7 +264,7 @@ mod tests {
     #[test]
     fn a_settled_owner_s_late_grant_is_no_orphan() {
         let (_, claims, orphans) = client("claims-t2");
-        let name = LockName::new("lock:", "k").unwrap();
+        let name = "lock:{k}:granted:claims-t2";
         let owner: Arc<str> = "claims-t2:1".into();
         let claim = claims.open(&owner);
         claim.settle();

@@ -81,6 +81,8 @@ pub(crate) struct Config {
     pub(crate) replica_acks: Option<(usize, Duration)>,
     /// TLS trust and the sentinels' credentials.
     pub(crate) access: Access,
+    /// How long a token counter outlives its last use.
+    pub(crate) fence_ttl: Duration,
 }
 
 impl Default for Config {
@@ -95,6 +97,7 @@ impl Default for Config {
             connect_timeout: Duration::from_secs(2),
             replica_acks: None,
             access: Access::default(),
+            fence_ttl: Duration::from_secs(24 * 3600),
         }
     }
 }
@@ -105,6 +108,7 @@ impl Config {
             op_timeout: self.op_timeout,
             connect_timeout: self.connect_timeout,
             access: self.access.clone(),
+            fence_ttl: self.fence_ttl,
         }
     }
 }
@@ -339,8 +343,13 @@ impl LockClient {
             Inner {
                 claims: Claims::register(
                     &id,
-                    Box::new(move |name, owner| {
-                        if let Some(inner) = me.upgrade() {
+                    Box::new(move |channel, owner| {
+                        let Some(inner) = me.upgrade() else {
+                            return;
+                        };
+                        if let Some(name) =
+                            LockName::of_grant_channel(channel, &inner.config.prefix)
+                        {
                             LockClient { inner }.release_orphan(name, owner);
                         }
                     }),

@@ -28,6 +28,9 @@ pub(crate) struct Hold {
     pub(crate) acquired_at: Instant,
     /// What metrics call this lock.
     pub(crate) label: &'static str,
+    /// Taken after queuing, or handed over: someone may wait behind it,
+    /// and its release goes straight to the script that hands it on.
+    pub(crate) contended: bool,
 }
 
 impl Hold {
@@ -273,13 +276,26 @@ impl LockGuard {
             Some(left) => {
                 inner
                     .io
-                    .here(keep(&inner.backend, &hold.name, &hold.owner, left))
+                    .here(Box::pin(keep(
+                        &inner.backend,
+                        &hold.name,
+                        &hold.owner,
+                        left,
+                    )))
                     .await
             }
+            // Both boxed: a release is a deep state machine (retries, a
+            // native delete, the script), and an annotated body's future
+            // would carry it inline, on the caller's stack.
             None => {
                 inner
                     .io
-                    .here(inner.backend.release(&hold.name, &hold.owner))
+                    .here(Box::pin(inner.backend.release_held(
+                        &hold.name,
+                        &hold.owner,
+                        hold.fence,
+                        hold.contended,
+                    )))
                     .await
             }
         };

@@ -45,21 +45,40 @@ impl LockName {
         Ok(Self::named(key.into(), format!("{prefix}{{{key}}}").into()))
     }
 
-    /// The names of the lock whose grant channel is `channel`
-    /// (`<hash>:granted:<client id>`); the key shown in messages is the
-    /// hash.
-    pub(crate) fn of_grant_channel(channel: &str) -> Option<Self> {
+    /// The lock whose grant channel is `channel`
+    /// (`<prefix>{<key>}:granted:<client id>`), for a client whose key
+    /// prefix is `prefix`.
+    pub(crate) fn of_grant_channel(channel: &str, prefix: &str) -> Option<Self> {
         let hash = &channel[..channel.rfind(":granted:")?];
-        Some(Self::named(hash.into(), hash.into()))
+        let key = hash
+            .strip_prefix(prefix)?
+            .strip_prefix('{')?
+            .strip_suffix('}')?;
+        Some(Self::named(key.into(), hash.into()))
+    }
+
+    /// The key prefix this name was made with.
+    fn prefix(&self) -> &str {
+        &self.hash[..self.hash.len() - self.key.len() - 2]
     }
 
     fn named(key: Arc<str>, hash: Arc<str>) -> Self {
         LockName(Arc::new(Names { key, hash }))
     }
 
-    /// `prefix{key}:fence`: the fencing counter, never expired.
-    pub(crate) fn fence(&self) -> String {
-        format!("{}:fence", self.hash)
+    /// The token counter this lock's tokens come from: one for every lock
+    /// of a hash slot, so that nothing is kept per lock name. On one
+    /// server, `prefix` + `fence`; on a Redis Cluster, `prefix` +
+    /// `fence{<tag>}` with a tag that lands in the lock's slot (a script
+    /// touches one slot only). It expires unused after the client's
+    /// `fence_ttl`.
+    pub(crate) fn counter(&self, cluster: bool) -> String {
+        if cluster {
+            let tag = crate::slots::tag_for(crate::slots::slot_of(&self.hash));
+            format!("{}fence{{{tag}}}", self.prefix())
+        } else {
+            format!("{}fence", self.prefix())
+        }
     }
 
     /// `prefix{key}:released`: the channel a release publishes on for
@@ -146,7 +165,14 @@ mod tests {
     fn names_share_the_hash_tag() {
         let n = LockName::new("lock:", "order:42").unwrap();
         assert_eq!(&*n.hash, "lock:{order:42}");
-        assert_eq!(n.fence(), "lock:{order:42}:fence");
+        assert_eq!(n.counter(false), "lock:fence");
+        let on_cluster = n.counter(true);
+        assert!(on_cluster.starts_with("lock:fence{"), "{on_cluster}");
+        assert_eq!(
+            crate::slots::slot_of(&on_cluster),
+            crate::slots::slot_of(&n.hash),
+            "the counter shares the lock's slot"
+        );
         assert_eq!(&*n.channel(), "lock:{order:42}:released");
         assert_eq!(n.queue(), "lock:{order:42}:queue");
         assert_eq!(n.waiters(), "lock:{order:42}:waiters");
@@ -154,8 +180,9 @@ mod tests {
         assert!(is_reader("c1:r7") && !is_reader("c1:7") && !is_reader("r:7"));
         assert_eq!(n.grants(), "lock:{order:42}:granted:");
         assert_eq!(&*n.grant_channel("c1"), "lock:{order:42}:granted:c1");
-        let back = LockName::of_grant_channel(&n.grant_channel("c1")).unwrap();
-        assert_eq!(back.hash, n.hash);
+        let back = LockName::of_grant_channel(&n.grant_channel("c1"), "lock:").unwrap();
+        assert_eq!(back, n);
+        assert!(LockName::of_grant_channel(&n.grant_channel("c1"), "other:").is_none());
     }
 
     #[test]
@@ -167,7 +194,8 @@ mod tests {
                 Some("order:42")
             );
         }
-        assert_eq!(LockName::key_of("lock:", &n.fence()), None);
+        assert_eq!(LockName::key_of("lock:", &n.counter(false)), None);
+        assert_eq!(LockName::key_of("lock:", &n.counter(true)), None);
         assert_eq!(LockName::key_of("other:", &n.hash), None);
         assert_eq!(LockName::key_of("lock:", "lock:{order:42}:other"), None);
         assert_eq!(LockName::key_of("lock:", "lock:order:42"), None);

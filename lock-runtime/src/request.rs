@@ -63,6 +63,8 @@ pub struct LockRequest {
     pub(crate) on_lost: OnLost,
     min_hold: Option<Duration>,
     max_hold: Option<Duration>,
+    /// Hand out a fencing token (the default).
+    fence: bool,
     /// What metrics and spans call this lock: the attribute's key template,
     /// or the name given by hand.
     label: &'static str,
@@ -80,6 +82,7 @@ impl LockRequest {
             on_lost: OnLost::default(),
             min_hold: None,
             max_hold: None,
+            fence: true,
             label: "manual",
         }
     }
@@ -137,6 +140,31 @@ impl LockRequest {
     /// forever. Must be at least the lease and `min_hold`.
     pub fn max_hold(mut self, max_hold: Duration) -> Self {
         self.max_hold = Some(max_hold);
+        self
+    }
+
+    /// Whether the lock hands out a fencing token (default `true`).
+    ///
+    /// `fence(false)` is for work whose store cannot check tokens: no token
+    /// is issued or stored, and the lock costs Redis what a bare
+    /// `SET … NX PX` lock costs (an uncontended acquire is that very
+    /// command, and its release one native compare-and-delete where the
+    /// server has one). Owner-checked release, reentry, the watchdog and
+    /// the FIFO hand-off stay. [`LockGuard::fence`] is then 0, which no
+    /// fenced acquisition ever hands out, and inside such a body
+    /// [`current_fence`](crate::current_fence) is `None`.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), lock_runtime::LockError> {
+    /// let client = lock_runtime::LockClient::memory();
+    /// let guard = client.lock("cart:7").fence(false).await?;
+    /// assert_eq!(guard.fence(), 0);
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn fence(mut self, fence: bool) -> Self {
+        self.fence = fence;
         self
     }
 
@@ -217,6 +245,7 @@ impl LockRequest {
                 on_lost: self.on_lost,
                 min_hold: self.min_hold,
                 max_hold: self.max_hold,
+                fence: self.fence,
                 label: self.label,
             };
             match one.acquire_in_span().await {
@@ -246,6 +275,7 @@ impl LockRequest {
             wait,
             min_hold,
             max_hold,
+            fence,
             label,
             ..
         } = self;
@@ -270,6 +300,7 @@ impl LockRequest {
             min_hold,
             max_hold,
             label,
+            contended: false,
         };
         let scope = scope::current();
         if let Some(guard) = reenter(&client, &scope, &name, lease, read)? {
@@ -325,6 +356,7 @@ impl LockRequest {
             let queue = Queue {
                 stay: next.stay,
                 rejoin: next.rejoin,
+                fence,
                 by: next.by,
             };
             let out = attempt(
@@ -477,7 +509,13 @@ impl LockRequest {
                 &client,
                 name.clone(),
                 owner.clone(),
-                (lease, bounds),
+                (
+                    lease,
+                    Bounds {
+                        contended: true,
+                        ..bounds
+                    },
+                ),
                 grant.fence,
                 from,
                 scope.clone(),
@@ -529,6 +567,10 @@ async fn attempt(
 ) -> Result<Attempt, Fault> {
     let inner = &client.inner;
     let sent_at = Instant::now();
+    let bounds = Bounds {
+        contended: queue.rejoin,
+        ..bounds
+    };
     let fut = inner.backend.acquire(name, owner, lease, queue);
     match inner.io.here(fut).await? {
         Acquired::Busy { ttl, queued } => Ok(Attempt::Busy { ttl, queued }),
@@ -552,6 +594,8 @@ struct Bounds {
     min_hold: Option<Duration>,
     max_hold: Option<Duration>,
     label: &'static str,
+    /// Taken after queuing (or handed over): someone may wait behind it.
+    contended: bool,
 }
 
 /// Turn a grant into a guard, unless it came back too late to be one.
@@ -607,6 +651,7 @@ fn granted(
         }),
         acquired_at: granted_at,
         label: bounds.label,
+        contended: bounds.contended,
     };
     Attempt::Held(LockGuard::fresh(hold, scope))
 }

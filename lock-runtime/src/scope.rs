@@ -52,17 +52,24 @@ impl BodyFences {
         }
     }
 
+    /// (Token 0 is a lock taken with `fence = false`: it has none.)
     fn first(&self) -> Option<u64> {
         match self {
             BodyFences::One(_, fence) => Some(*fence),
             BodyFences::Many(all) => all.first().map(|(_, f)| *f),
         }
+        .filter(|&f| f != 0)
     }
 
     fn all(&self) -> Vec<(String, u64)> {
         match self {
+            BodyFences::One(_, 0) => Vec::new(),
             BodyFences::One(key, fence) => vec![(key.to_string(), *fence)],
-            BodyFences::Many(all) => all.iter().map(|(k, f)| (k.to_string(), *f)).collect(),
+            BodyFences::Many(all) => all
+                .iter()
+                .filter(|(_, f)| *f != 0)
+                .map(|(k, f)| (k.to_string(), *f))
+                .collect(),
         }
     }
 }

@@ -19,7 +19,6 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 
 use crate::claims::{self, Grant, Mailbox};
-use crate::key::LockName;
 
 /// Called with a channel nobody waits on any more.
 pub(crate) type OnIdle = Arc<dyn Fn(Arc<str>) + Send + Sync>;
@@ -139,9 +138,7 @@ impl Wakeups {
 
     /// A grant message heard on the grant `channel` of a lock.
     pub(crate) fn granted(&self, channel: &str, owner: &str, grant: Grant) {
-        if let Some(name) = LockName::of_grant_channel(channel) {
-            claims::granted(name, owner, grant);
-        }
+        claims::granted(channel, owner, grant);
     }
 
     pub(crate) fn notify(&self, channel: &str) {

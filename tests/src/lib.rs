@@ -14,6 +14,7 @@ pub mod operations;
 pub mod proxy;
 pub mod read_write;
 pub mod reply_loss;
+pub mod scripts;
 pub mod semantics;
 pub mod sentinel;
 pub mod tls;

@@ -77,12 +77,14 @@ async fn exclusion_over_keys_in_every_slot_range_exact_counters() {
         total += locked;
     }
     assert_eq!(total, (tasks * rounds) as u64);
-    // The keys were spread over every primary, and only fences are left.
+    // The keys were spread over every primary (each has token counters of
+    // its slots), and nothing of the locks is left.
     for port in cluster.primaries_seen_by(0) {
         let node = &cluster.nodes[cluster.index_of(port)];
-        let held = node.keys(&format!("lock:{{{base}:*"));
-        assert!(!held.is_empty(), "no key landed on primary {port}");
-        assert!(held.iter().all(|k| k.ends_with(":fence")), "{held:?}");
+        let left = node.keys(&format!("lock:{{{base}:*"));
+        assert!(left.is_empty(), "left on primary {port}: {left:?}");
+        let counters = node.keys("lock:fence{*");
+        assert!(!counters.is_empty(), "no key landed on primary {port}");
     }
 }
 
@@ -319,19 +321,21 @@ async fn slot_migration_while_held_follows_ask_and_moved() {
     tokio::time::sleep(lease * 2).await;
     assert!(!held.is_lost(), "renewals did not follow ASK");
 
-    // A new lock in the slot needs both its keys on one node: the target
-    // says TRYAGAIN until the migration is through, and the acquire waits.
+    // A new lock in the slot needs both its keys (the lock and its slot's
+    // token counter, still on the source) on one node: a node says
+    // TRYAGAIN until the migration is through, and the acquire waits.
     let other = (0..)
         .map(|i| format!("{key}-ask-{i}"))
         .find(|k| key_slot(&format!("lock:{{{k}}}")) == slot)
         .unwrap();
-    let before = cluster.try_again_errors(to);
+    let try_agains = || cluster.try_again_errors(from) + cluster.try_again_errors(to);
+    let before = try_agains();
     let pending = tokio::spawn({
         let client = client.clone();
         async move { client.lock(&other).await }
     });
     let limit = Instant::now() + Duration::from_secs(5);
-    while cluster.try_again_errors(to) == before {
+    while try_agains() == before {
         assert!(
             Instant::now() < limit,
             "the acquire never met the migration"
@@ -438,11 +442,13 @@ async fn cluster_behind_proxies_smoke() {
         let g = client.lock(&key).await.unwrap();
         g.release().await.unwrap();
         // slot_owner reads proxy ports from CLUSTER NODES and maps them back.
-        let fence = format!("lock:{{{key}}}:fence");
-        let owner = cluster.slot_owner(tests::cluster::key_slot(&fence));
+        // The token came from the counter of the lock's slot, on its owner.
+        let slot = tests::cluster::key_slot(&format!("lock:{{{key}}}"));
+        let owner = cluster.slot_owner(slot);
+        let counters: Vec<String> = cluster.nodes[owner].keys("lock:fence{*");
         assert!(
-            cluster.nodes[owner].exists(&fence),
-            "{fence} not on node {owner}"
+            counters.iter().any(|c| tests::cluster::key_slot(c) == slot),
+            "no token counter of slot {slot} on node {owner}: {counters:?}"
         );
     }
     for i in primaries {
@@ -451,7 +457,7 @@ async fn cluster_behind_proxies_smoke() {
             now.accepted > then.accepted && now.bytes_forwarded > then.bytes_forwarded,
             "no client traffic through node {i}'s proxy: {then:?} -> {now:?}"
         );
-        let fences = cluster.nodes[i].keys(&format!("lock:{{{base}:*"));
-        assert!(!fences.is_empty(), "no key landed on primary {i}");
+        let counters = cluster.nodes[i].keys("lock:fence{*");
+        assert!(!counters.is_empty(), "no key landed on primary {i}");
     }
 }

@@ -84,7 +84,7 @@ fn lock_keys(server: &RedisServer) -> Vec<String> {
     let mut k: Vec<String> = server
         .keys("lock:*")
         .into_iter()
-        .filter(|k| !k.ends_with(":fence"))
+        .filter(|k| !k.starts_with("lock:fence"))
         .collect();
     k.sort();
     k
@@ -1400,7 +1400,7 @@ fn redlock_minority_failed_acquires_leave_no_keys() {
     let keys_on = |n: &RedisServer| -> Vec<String> {
         n.keys("lock:*")
             .into_iter()
-            .filter(|k| !k.ends_with(":fence"))
+            .filter(|k| !k.starts_with("lock:fence"))
             .collect()
     };
     for round in 0..6 {

@@ -102,20 +102,27 @@ async fn a_dropped_multi_key_request_leaves_no_key_behind() {
 }
 
 #[distributed_lock(keys = ["account:{from}", "account:{to}"], wait = "5s")]
-async fn transfer(from: u64, to: u64) -> Result<u64, LockError> {
+async fn transfer(from: u64, to: u64) -> Result<(u64, Vec<(String, u64)>), LockError> {
     let _ = (from, to);
-    Ok(lock_runtime::current_fence().expect("held"))
+    Ok((
+        lock_runtime::current_fence().expect("held"),
+        lock_runtime::current_fences(),
+    ))
 }
 
 #[tokio::test]
 async fn the_attribute_takes_every_key_and_the_body_sees_the_first_token() {
     let server = global::redis().await;
     let (x, y) = (fastrand::u64(1..1 << 40), fastrand::u64(1 << 41..1 << 42));
-    let fence = transfer(y, x).await.unwrap();
-    // The first key in sorted order holds the token the body saw.
-    let first = std::cmp::min(format!("account:{x}"), format!("account:{y}"));
-    let stored: String = server.cmd(&["GET", &format!("{}:fence", name(&first))]);
-    assert_eq!(stored.parse::<u64>().unwrap(), fence);
+    let (fence, fences) = transfer(y, x).await.unwrap();
+    // The first key in sorted order holds the token the body saw; keys are
+    // taken in that order, so its token is the lower one.
+    let mut keys = [format!("account:{x}"), format!("account:{y}")];
+    keys.sort();
+    let seen: Vec<&str> = fences.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(seen, keys);
+    assert_eq!(fence, fences[0].1);
+    assert!(fences[0].1 < fences[1].1, "{fences:?}");
     assert!(!server.exists(&name(&format!("account:{x}"))));
     assert!(!server.exists(&name(&format!("account:{y}"))));
 }

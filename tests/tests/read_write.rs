@@ -158,9 +158,10 @@ async fn sentinel_read_write_semantics() {
     rw::reentry_and_upgrade(&clients[0]).await;
 }
 
-/// What Redis holds: the lock is `~r` while read-held, each reader has its
-/// own entry (its lease's end) in `lock:{K}:readers`, and after the last
-/// reader leaves only the fence counter is left.
+/// What Redis holds: the lock is `~r <token>` while read-held (the hold's
+/// token, shared by its readers), each reader has its own entry (its
+/// lease's end) in `lock:{K}:readers`, and after the last reader leaves
+/// nothing of the lock is left.
 #[tokio::test]
 async fn a_read_hold_is_the_lock_key_plus_one_entry_per_reader() {
     let server = RedisServer::start();
@@ -168,7 +169,11 @@ async fn a_read_hold_is_the_lock_key_plus_one_entry_per_reader() {
     let key = unique("layout");
     let a = clients[0].read_lock(&key).await.unwrap();
     let b = clients[1].read_lock(&key).await.unwrap();
-    assert_eq!(server.try_get(&name(&key)).as_deref(), Some("~r"));
+    assert_eq!(
+        server.try_get(&name(&key)),
+        Some(format!("~r {}", a.fence()))
+    );
+    assert_eq!(a.fence(), b.fence());
     let readers: Vec<String> =
         server.cmd(&["ZRANGE", &format!("{}:readers", name(&key)), "0", "-1"]);
     assert_eq!(readers.len(), 2, "{readers:?}");
@@ -182,7 +187,7 @@ async fn a_read_hold_is_the_lock_key_plus_one_entry_per_reader() {
     b.release().await.unwrap();
     let mut left = server.keys(&format!("{}*", name(&key)));
     left.sort();
-    assert_eq!(left, [format!("{}:fence", name(&key))]);
+    assert!(left.is_empty(), "left behind: {left:?}");
 }
 
 /// A writer's release hands the lock to every queued reader in the same
@@ -385,7 +390,7 @@ async fn a_redlock_writer_that_gave_up_no_longer_keeps_readers_out() {
             .iter()
             .filter(|n| {
                 n.try_get(&name(&key))
-                    .is_some_and(|v| v.starts_with("~r w"))
+                    .is_some_and(|v| v.split(' ').nth(2).is_some_and(|m| m.starts_with('w')))
             })
             .count()
             >= 2
@@ -459,7 +464,7 @@ async fn a_reader_whose_lease_ended_holds_nothing_though_others_keep_the_lock() 
     let key = name(&unique("rw-ended"));
     let keys = [
         key.clone(),
-        format!("{key}:fence"),
+        tests::scripts::COUNTER.to_string(),
         format!("{key}:queue"),
         format!("{key}:waiters"),
         format!("{key}:readers"),
@@ -469,37 +474,19 @@ async fn a_reader_whose_lease_ended_holds_nothing_though_others_keep_the_lock() 
         (t[0].clone(), t[1].clone())
     };
     let now_ms = secs.parse::<u64>().unwrap() * 1000 + micros.parse::<u64>().unwrap() / 1000;
-    let _: () = server.cmd(&["SET", &key, "~r", "PX", "20000"]);
-    let _: () = server.cmd(&["SET", &keys[1], "5"]);
+    let _: () = server.cmd(&["SET", &key, "~r 5", "PX", "20000"]);
     let ended = (now_ms - 1000).to_string();
     let live = (now_ms + 20_000).to_string();
     let _: i64 = server.cmd(&["ZADD", &keys[4], &ended, "x:r1", &live, "y:r1"]);
     let mut conn = server.conn();
-    let released: i64 = redis::Script::new(include_str!("../../lock-runtime/scripts/release.lua"))
-        .key(&keys)
-        .arg("x:r1")
-        .arg(format!("{key}:granted:"))
-        .arg("publish")
-        .arg(format!("{key}:released"))
-        .arg("r")
-        .invoke(&mut conn)
-        .unwrap();
+    let released = tests::scripts::release(&mut conn, &key, "x:r1", "r");
     assert_eq!(released, 0, "the release of a reader whose lease ended");
     let readers: Vec<String> = server.cmd(&["ZRANGE", &keys[4], "0", "-1"]);
     assert_eq!(readers, ["y:r1"]);
-    assert_eq!(server.try_get(&key).as_deref(), Some("~r"));
+    assert_eq!(server.try_get(&key).as_deref(), Some("~r 5"));
     // Back as it was, and the same owner asks again.
     let _: i64 = server.cmd(&["ZADD", &keys[4], &ended, "x:r1"]);
-    let reply: Vec<i64> =
-        redis::Script::new(include_str!("../../lock-runtime/scripts/acquire.lua"))
-            .key(&keys)
-            .arg("x:r1")
-            .arg(30_000)
-            .arg("")
-            .arg(10_000)
-            .arg("")
-            .invoke(&mut conn)
-            .unwrap();
+    let reply = tests::scripts::acquire(&mut conn, &key, "x:r1", 30_000, "10000", "f");
     assert_eq!(
         reply,
         [1, 5],
@@ -588,33 +575,22 @@ async fn the_attribute_takes_read_and_write_locks() {
 async fn the_first_reader_of_a_hold_gets_a_token_floored_at_the_clock() {
     let server = RedisServer::start();
     let key = name(&unique("rw-floor"));
-    let keys = [
-        key.clone(),
-        format!("{key}:fence"),
-        format!("{key}:queue"),
-        format!("{key}:waiters"),
-        format!("{key}:readers"),
-    ];
+    let counter = tests::scripts::COUNTER;
     // What the lost writer had (a clock token), and what survived.
     let time: Vec<String> = server.cmd(&["TIME"]);
     let clock_us = time[0].parse::<u64>().unwrap() * 1_000_000 + time[1].parse::<u64>().unwrap();
-    let _: () = server.cmd(&["SET", &keys[1], "5"]);
+    let _: () = server.cmd(&["SET", counter, "5"]);
     let reply: Vec<u64> =
-        redis::Script::new(include_str!("../../lock-runtime/scripts/acquire.lua"))
-            .key(&keys)
-            .arg("x:r1")
-            .arg(30_000)
-            .arg("")
-            .arg("")
-            .arg("")
-            .invoke(&mut server.conn())
-            .unwrap();
+        tests::scripts::acquire(&mut server.conn(), &key, "x:r1", 30_000, "", "f")
+            .into_iter()
+            .map(|n| n as u64)
+            .collect();
     assert_eq!(reply[0], 1);
     assert!(
         reply[1] >= clock_us,
         "the reader got token {} from a stale counter (clock {clock_us})",
         reply[1]
     );
-    let counter: u64 = server.cmd(&["GET", &keys[1]]);
+    let counter: u64 = server.cmd(&["GET", counter]);
     assert_eq!(counter, reply[1], "the floor is kept for the next writer");
 }

@@ -137,20 +137,23 @@ async fn redis_layout_owner_fence_and_cleanup() {
         .unwrap();
     assert_eq!(server.cmd::<String>(&["TYPE", &hash]), "string");
     let value: String = server.cmd(&["GET", &hash]);
-    // The holder's owner id; its token is the fence counter's value.
-    assert_eq!(value, guard.holder());
+    // The holder's owner id and its token.
+    assert_eq!(value, format!("{} {}", guard.holder(), guard.fence()));
     assert!(guard.holder().starts_with(client.id()));
     let pttl: i64 = server.cmd(&["PTTL", &hash]);
     assert!(
         pttl > 5_000 && pttl <= 10_000,
         "lease is the expiry: {pttl}"
     );
-    let fence: u64 = server.cmd(&["GET", &format!("{hash}:fence")]);
-    assert_eq!(fence, guard.fence());
+    // The token came from the one counter of the server, set as the lock was.
+    let counter: u64 = server.cmd(&["GET", "lock:fence"]);
+    assert!(counter >= guard.fence());
+    let counter_ttl: i64 = server.cmd(&["PTTL", "lock:fence"]);
+    assert!(counter_ttl > 0, "the counter never expires: {counter_ttl}");
     guard.release().await.unwrap();
-    assert_eq!(
-        server.keys(&format!("lock:{{{key}}}*")),
-        vec![format!("{hash}:fence")]
+    assert!(
+        server.keys(&format!("lock:{{{key}}}*")).is_empty(),
+        "nothing of the lock stays after its release"
     );
 }
 
@@ -265,3 +268,146 @@ async fn dropped_lock_future_leaves_no_lock() {
 }
 
 use std::future::IntoFuture;
+
+/// What a body sees of its tokens: `current_fence()`, `current_fences()`.
+type Seen = (Option<u64>, Vec<(String, u64)>);
+
+#[distributed_lock(key = "unfenced:{id}", fence = false)]
+async fn unfenced_body(id: u64) -> Result<Seen, AppError> {
+    let _ = id;
+    Ok((
+        lock_runtime::current_fence(),
+        lock_runtime::current_fences(),
+    ))
+}
+
+/// `fence = false`: no token anywhere (the guard says 0, the body sees
+/// none), the lock's value is its owner id alone (what a bare `SET NX PX`
+/// writes), and the queue, hand-off and reentry work as with a token. A
+/// fenced request behind an unfenced holder still gets a token.
+#[tokio::test]
+async fn a_lock_without_a_token_is_a_bare_value_and_still_hands_off() {
+    let server = tests::RedisServer::start();
+    let (a, b) = (
+        LockClient::connect(&server.url()).await.unwrap(),
+        LockClient::connect(&server.url()).await.unwrap(),
+    );
+    let key = unique("unfenced");
+    let lock = format!("lock:{{{key}}}");
+    let held = a.lock(&key).fence(false).await.unwrap();
+    assert_eq!(held.fence(), 0);
+    assert_eq!(server.try_get(&lock).as_deref(), Some(held.holder()));
+    assert!(
+        server.try_get("lock:fence").is_none(),
+        "an unfenced lock wrote the token counter"
+    );
+    // Queued behind it: one waiter without a token, one with.
+    let plain = tokio::spawn({
+        let (b, key) = (b.clone(), key.clone());
+        async move {
+            b.lock(&key)
+                .fence(false)
+                .wait(Duration::from_secs(10))
+                .await
+        }
+    });
+    assert!(eventually(Duration::from_secs(5), || b.waiting_here(&key) == 1).await);
+    let fenced = tokio::spawn({
+        let (a, key) = (a.clone(), key.clone());
+        async move { a.lock(&key).wait(Duration::from_secs(10)).await }
+    });
+    assert!(eventually(Duration::from_secs(5), || a.waiting_here(&key) == 1).await);
+    held.release().await.unwrap();
+    let g = plain.await.unwrap().expect("handed to the unfenced waiter");
+    assert_eq!(g.fence(), 0, "an unfenced waiter was handed a token");
+    g.release().await.unwrap();
+    let g = fenced.await.unwrap().expect("handed to the fenced waiter");
+    assert!(g.fence() > 0, "a fenced waiter was handed no token");
+    g.release().await.unwrap();
+    assert!(!server.exists(&lock));
+
+    // The attribute: no token in the body.
+    lock_runtime::with_client(a.clone(), async {
+        let (fence, fences) = unfenced_body(7).await.unwrap();
+        assert_eq!(fence, None);
+        assert!(fences.is_empty(), "{fences:?}");
+    })
+    .await;
+}
+
+/// A service that locks `order:{id}` for many orders keeps no key per
+/// order: after the locks are released, Redis holds the one token counter
+/// (which expires after `fence_ttl` unused) and nothing else.
+#[tokio::test]
+async fn nothing_stays_per_lock_name() {
+    let server = tests::RedisServer::start();
+    let client = LockClient::builder()
+        .fence_ttl(Duration::from_secs(60))
+        .connect(&server.url())
+        .await
+        .unwrap();
+    let mut last = 0;
+    for i in 0..300 {
+        let g = client.lock(format!("order:{i}")).await.unwrap();
+        assert!(g.fence() > last, "tokens rise across names");
+        last = g.fence();
+        g.release().await.unwrap();
+        let g = client.lock(format!("cart:{i}")).fence(false).await.unwrap();
+        g.release().await.unwrap();
+    }
+    assert_eq!(server.keys("*"), ["lock:fence"]);
+    let ttl: i64 = server.cmd(&["PTTL", "lock:fence"]);
+    assert!(ttl > 0 && ttl <= 60_000, "the counter's TTL: {ttl}");
+    // Once it lapsed (here: deleted), tokens still rise: they start at
+    // the clock.
+    let _: i64 = server.cmd(&["DEL", "lock:fence"]);
+    let g = client.lock("order:0").await.unwrap();
+    assert!(g.fence() > last);
+    g.release().await.unwrap();
+}
+
+/// Replies lost on the cheapest paths: an unfenced lock's bare `SET` ran
+/// but its answer was lost (sent again, it finds the lock this owner's and
+/// takes it as such), and a release's answer was lost (the native
+/// compare-and-delete where the server has one, else the script): sent
+/// again, it finds the lock gone and counts as released.
+#[tokio::test]
+async fn lost_replies_on_the_bare_paths_neither_double_nor_leak() {
+    let server = tests::RedisServer::start();
+    let proxy = tests::proxy::Proxy::for_server(&server);
+    let client = LockClient::connect(&proxy.url()).await.unwrap();
+    let rival = LockClient::connect(&server.url()).await.unwrap();
+    for fenced in [false, true] {
+        let key = unique("bare-loss");
+        let lock = format!("lock:{{{key}}}");
+        // The acquire (a bare SET without a token, the script with one).
+        let lost = proxy.replies_lost();
+        proxy.lose_reply_to(if fenced { b"EVALSHA" } else { b"SET" });
+        let g = client
+            .lock(&key)
+            .fence(fenced)
+            .wait(Duration::ZERO)
+            .await
+            .unwrap();
+        assert_eq!(proxy.replies_lost(), lost + 1, "no reply was lost");
+        assert_eq!(g.fence() > 0, fenced);
+        assert!(
+            server
+                .try_get(&lock)
+                .is_some_and(|v| v.starts_with(g.holder())),
+            "the lock is not the holder's"
+        );
+        assert!(matches!(
+            rival.lock(&key).wait(Duration::ZERO).await,
+            Err(LockError::Timeout { .. })
+        ));
+        // The release: whatever the server runs for it.
+        proxy.lose_reply_to(b"");
+        g.release()
+            .await
+            .expect("a release sent again counts as released");
+        assert_eq!(proxy.replies_lost(), lost + 2, "no release reply was lost");
+        assert!(!server.exists(&lock), "the lock was left behind");
+    }
+    assert_eq!(proxy.replies_lost(), 4);
+}

@@ -36,9 +36,17 @@ fn hash(key: &str) -> String {
     format!("lock:{{{key}}}")
 }
 
-fn fence_on(node: &RedisServer, key: &str) -> u64 {
-    node.cmd::<Option<u64>>(&["GET", &format!("{}:fence", hash(key))])
+/// The token a node's hold of `key` carries (its lock's value is
+/// `"<owner> <token>"`).
+fn hold_token_on(node: &RedisServer, key: &str) -> u64 {
+    node.cmd::<Option<String>>(&["GET", &hash(key)])
+        .and_then(|v| v.split(' ').nth(1).and_then(|t| t.parse().ok()))
         .unwrap_or(0)
+}
+
+/// The token counter of a node (one per node: every lock shares it).
+fn fence_on(node: &RedisServer) -> u64 {
+    node.cmd::<Option<u64>>(&["GET", "lock:fence"]).unwrap_or(0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -68,7 +76,7 @@ async fn quorum_verdict_for_every_up_down_mask() {
                             "mask {mask:05b}: node {i} lacks the lock"
                         );
                         assert_eq!(
-                            fence_on(n, &key),
+                            hold_token_on(n, &key),
                             guard.fence(),
                             "mask {mask:05b}: node {i} fence"
                         );
@@ -132,7 +140,7 @@ async fn an_uncontended_acquire_is_one_round_trip_per_node() {
             10,
             "node {i}: 5 acquires and 5 releases should be 10 script calls"
         );
-        assert_eq!(fence_on(n, &key), last, "node {i} holds another token");
+        assert_eq!(fence_on(n), last, "node {i} holds another token");
     }
 }
 
@@ -145,11 +153,17 @@ async fn fence_is_raised_on_every_granting_node() {
     // majorities, and they are ahead of every node's clock floor): the
     // token must come from it and reach the others.
     let ahead: u64 = 8_000_000_000_000_000;
-    let _: () = nodes[0].cmd(&["SET", &format!("{}:fence", hash(&key)), &ahead.to_string()]);
+    let _: () = nodes[0].cmd(&["SET", "lock:fence", &ahead.to_string()]);
     let g = client.lock(&key).await.unwrap();
     assert_eq!(g.fence(), ahead + 1);
     for (i, n) in nodes.iter().enumerate() {
-        assert_eq!(fence_on(n, &key), ahead + 1, "node {i} was not raised");
+        assert_eq!(fence_on(n), ahead + 1, "node {i} was not raised");
+        let value: String = n.cmd(&["GET", &hash(&key)]);
+        assert_eq!(
+            value,
+            format!("{} {}", g.holder(), ahead + 1),
+            "node {i}'s hold does not carry the token handed out"
+        );
     }
     g.release().await.unwrap();
     // Without the node that had the maximum, the next token is still higher.
@@ -371,28 +385,13 @@ async fn unreachable_majority_is_a_backend_error_naming_the_nodes_within_five_se
 async fn a_release_of_an_unmarked_lock_wakes_redlock_waiters() {
     let node = RedisServer::start();
     let key = hash(&unique("unmarked"));
-    let keys = [
-        key.clone(),
-        format!("{key}:fence"),
-        format!("{key}:queue"),
-        format!("{key}:waiters"),
-        format!("{key}:readers"),
-    ];
     let _: () = node.cmd(&["SET", &key, "a:1", "PX", "30000"]);
     let client = redis::Client::open(node.url()).unwrap();
     let mut sub = client.get_connection().unwrap();
     let mut sub = sub.as_pubsub();
     sub.subscribe(format!("{key}:released")).unwrap();
     sub.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let released: i64 = redis::Script::new(include_str!("../../lock-runtime/scripts/release.lua"))
-        .key(&keys)
-        .arg("a:1")
-        .arg(format!("{key}:granted:"))
-        .arg("publish")
-        .arg(format!("{key}:released"))
-        .arg("a")
-        .invoke(&mut node.conn())
-        .unwrap();
+    let released = tests::scripts::release(&mut node.conn(), &key, "a:1", "a");
     assert_eq!(released, 1);
     assert!(sub.get_message().is_ok(), "the waiter was not woken");
 }

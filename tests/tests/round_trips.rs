@@ -11,10 +11,28 @@ use tests::RedisServer;
 
 static SEEN: AtomicU64 = AtomicU64::new(0);
 
-/// Calls sent since the last reset: client commands only (`evalsha` and
-/// `eval`); the commands the scripts run inside Redis are not round trips.
+/// Calls sent since the last reset: client commands only (scripts, a bare
+/// `SET`, a native compare-and-delete); the commands the scripts run
+/// inside Redis are not round trips.
 fn sent(server: &RedisServer) -> u64 {
-    server.calls("evalsha") + server.calls("eval")
+    ["evalsha", "eval", "delifeq", "delex"]
+        .iter()
+        .map(|c| server.calls(c))
+        .sum()
+}
+
+/// The server's own compare-and-delete, if it has one (`DELIFEQ` on Valkey
+/// 9, `DELEX` on Redis 8.4): the runtime releases with it.
+fn native_delete(server: &RedisServer) -> Option<&'static str> {
+    let info: Vec<redis::Value> = server.cmd(&["COMMAND", "INFO", "DELIFEQ", "DELEX"]);
+    let known = |i: usize| !matches!(info.get(i), None | Some(redis::Value::Nil));
+    if known(0) {
+        Some("delifeq")
+    } else if known(1) {
+        Some("delex")
+    } else {
+        None
+    }
 }
 
 #[distributed_lock(key = "rt:{id}", lease = "30s")]
@@ -79,10 +97,20 @@ async fn round_trips_per_operation_counted_by_redis() {
         .await
         .unwrap();
     let work = server.all_calls();
-    let by_command: Vec<(&str, u64)> = ["evalsha", "set", "time", "hdel", "get", "del", "publish"]
-        .into_iter()
-        .map(|c| (c, server.calls(c)))
-        .collect();
+    let native = native_delete(server);
+    let by_command: Vec<(&str, u64)> = [
+        "evalsha",
+        "set",
+        "time",
+        "hdel",
+        "get",
+        "del",
+        native.unwrap_or("delifeq"),
+        "publish",
+    ]
+    .into_iter()
+    .map(|c| (c, server.calls(c)))
+    .collect();
     assert!(
         SEEN.load(Ordering::SeqCst) > 0,
         "the inner body saw no fence"
@@ -124,23 +152,62 @@ async fn round_trips_per_operation_counted_by_redis() {
         "only {renewed} renewals of 300 locks in 1.5 s"
     );
     assert_eq!(idle, 0, "an idle client sent lock commands");
-    // EVALSHA, SET NX PX, TIME, SET fence GET, HDEL (a request that may
-    // wait leaves the queue an earlier send of its attempt may have joined);
-    // EVALSHA, GET, DEL. Nobody waits, so nothing is published.
-    assert_eq!(
-        by_command,
-        vec![
+    // Lock: EVALSHA, TIME, SET counter GET (the slot's one token counter),
+    // SET NX PX, HDEL (a request that may wait leaves the queue an earlier
+    // send of its attempt may have joined). Unlock: the server's own
+    // compare-and-delete where it has one, else EVALSHA, GET, DEL. Nobody
+    // waits, so nothing is published.
+    let expected = match native {
+        Some(n) => vec![
+            ("evalsha", 1),
+            ("set", 2),
+            ("time", 1),
+            ("hdel", 1),
+            ("get", 0),
+            ("del", 0),
+            (n, 1),
+            ("publish", 0),
+        ],
+        None => vec![
             ("evalsha", 2),
             ("set", 2),
             ("time", 1),
             ("hdel", 1),
             ("get", 1),
             ("del", 1),
-            ("publish", 0)
+            ("delifeq", 0),
+            ("publish", 0),
         ],
+    };
+    assert_eq!(
+        by_command, expected,
         "Redis commands for one lock + unlock, by command"
     );
-    assert_eq!(work, 8, "Redis commands for one lock + unlock");
+    let total = if native.is_some() { 6 } else { 8 };
+    assert_eq!(work, total, "Redis commands for one lock + unlock");
+
+    // The same without a token: a bare SET NX PX GET, and the release.
+    server.reset_stats();
+    client
+        .lock("rt:unfenced")
+        .fence(false)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let unfenced = server.all_calls();
+    let bare_set = server.calls("set");
+    println!(
+        "  {:<38} {unfenced}",
+        "Redis commands, unfenced lock + unlock"
+    );
+    assert_eq!(bare_set, 1, "an unfenced lock is one bare SET");
+    assert_eq!(
+        unfenced,
+        if native.is_some() { 2 } else { 4 },
+        "Redis commands for one unfenced lock + unlock (SET; and DELIFEQ, or EVALSHA GET DEL)"
+    );
 }
 
 /// What a read lock costs Redis: one EVALSHA to take it, one to release
@@ -197,10 +264,10 @@ async fn read_lock_round_trips_counted_by_redis() {
     ] {
         assert_eq!(calls, 1, "{what}: one EVALSHA");
     }
-    // Fresh: EVALSHA, GET lock, GET fence, TIME, SET fence (the token
+    // Fresh: EVALSHA, GET lock, TIME, SET counter GET (the hold's token,
     // floored at the clock), DEL + SET + ZADD + PEXPIRE, HDEL (see above).
     // The last release: EVALSHA, GET, ZREM, ZCARD, DEL.
-    assert_eq!(fresh.1, 10, "Redis commands for a fresh read lock");
+    assert_eq!(fresh.1, 9, "Redis commands for a fresh read lock");
     assert_eq!(last.1, 5, "Redis commands for the last reader's release");
     assert!(
         (3..=7).contains(&ticks_window),
@@ -252,13 +319,14 @@ async fn a_hand_off_between_writers_counted_by_redis() {
         .expect("the queued writer was handed the lock");
     g.release().await.unwrap();
     println!("\n== writer-to-writer hand-off, Redis commands of the release ==\n  {by_command:?}");
-    // EVALSHA; GET lock; TIME; LPOP, HGET, HDEL the head; GET fence;
-    // PUBLISH the grant; LLEN (anyone left?); SET lock, SET fence.
+    // EVALSHA; GET lock; LPOP, HGET, HDEL the head; TIME, SET counter GET
+    // (the new holder's token); PUBLISH the grant; LLEN (anyone left?);
+    // SET lock.
     assert_eq!(
         by_command,
         vec![
             ("evalsha", 1),
-            ("get", 2),
+            ("get", 1),
             ("time", 1),
             ("lindex", 0),
             ("lpop", 1),

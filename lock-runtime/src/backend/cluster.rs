@@ -72,11 +72,9 @@ async fn connect_node(urls: &[String], settings: NodeSettings) -> Result<RedisNo
     let conn = tokio::time::timeout(budget, connect)
         .await
         .map_err(|_| Fault::timed_out(what.clone(), budget))??;
-    Ok(RedisNode::on_cluster(
-        conn,
-        format!("cluster({seeds})").into(),
-        settings,
-    ))
+    let node = RedisNode::on_cluster(conn, format!("cluster({seeds})").into(), settings);
+    let native = node.find_native_delete().await;
+    Ok(node.with_native_delete(native))
 }
 
 /// Grants for this client's waiters, over one RESP3 cluster connection

@@ -75,6 +75,8 @@ struct Queued {
     owner: Arc<str>,
     lease: Duration,
     until: Instant,
+    /// Its grant carries a token (`fence = false`: 0).
+    fence: bool,
 }
 
 /// A held lock: one writer, or readers each with a lease of its own.
@@ -318,7 +320,7 @@ impl Shared {
             && !state.writer_waits(&name.hash, now);
         if let Some(lock) = state.live(&name.hash, now).filter(|_| !shared) {
             if lock.extend(owner, now + lease) {
-                let fence = lock.fence();
+                let fence = if queue.fence { lock.fence() } else { 0 };
                 state.expire_at(now + lease, &name.hash);
                 return Acquired::Repeated { fence };
             }
@@ -333,6 +335,7 @@ impl Shared {
                     owner: owner.clone(),
                     lease,
                     until: now + stay,
+                    fence: queue.fence,
                 }),
             }
             state.expire_at(now + stay, &name.hash);
@@ -345,7 +348,9 @@ impl Shared {
             state.leave_queue(&name.hash, owner);
         }
         let fence = state.take(name, owner.clone(), lease, now);
-        Acquired::Fresh { fence }
+        Acquired::Fresh {
+            fence: if queue.fence { fence } else { 0 },
+        }
     }
 
     fn release_now(&self, name: &LockName, owner: &Arc<str>) -> Released {
@@ -397,7 +402,7 @@ impl Shared {
             let reader = is_reader(&next.owner);
             let fence = state.token_for(&name.hash, reader);
             let grant = Grant {
-                fence,
+                fence: if next.fence { fence } else { 0 },
                 at: Stamp::Local(now),
             };
             // (A waiter whose request is over is skipped, as on Redis one

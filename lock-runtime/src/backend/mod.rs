@@ -59,6 +59,9 @@ pub(crate) struct Queue {
     /// The request has had no answer from the server yet (it may be
     /// unreachable): this attempt ends by then, whatever it costs.
     pub(crate) by: Option<tokio::time::Instant>,
+    /// Hand out a fencing token (`fence = false`: none, and the lock costs
+    /// no more than a bare `SET NX PX`).
+    pub(crate) fence: bool,
 }
 
 /// Outcome of one release.
@@ -154,6 +157,28 @@ impl Backend {
     ) -> Result<Released, Fault> {
         each!(self, b => b.release(name, owner).await,
             fake _f => Err(Fault::other("not used")))
+    }
+
+    /// Release a hold of `owner`'s with token `fence` (0: none): a writer's
+    /// that nobody is likely to wait behind (`contended` false) is deleted
+    /// by the server's own compare-and-delete where it has one.
+    pub(crate) async fn release_held(
+        &self,
+        name: &LockName,
+        owner: &Arc<str>,
+        fence: u64,
+        contended: bool,
+    ) -> Result<Released, Fault> {
+        if contended || crate::key::is_reader(owner) {
+            return self.release(name, owner).await;
+        }
+        match self {
+            Backend::Redis(b) => b.node.release_writer(name, owner, fence).await,
+            #[cfg(feature = "cluster")]
+            Backend::Cluster(b) => b.node.release_writer(name, owner, fence).await,
+            Backend::Sentinel(b) => b.release_writer(name, owner, fence).await,
+            _ => self.release(name, owner).await,
+        }
     }
 
     /// Take back an attempt of `owner` whose outcome is unknown (its answer

@@ -59,6 +59,26 @@ pub(crate) struct NodeSettings {
     pub(crate) op_timeout: Duration,
     pub(crate) connect_timeout: Duration,
     pub(crate) access: Access,
+    /// How long a token counter outlives its last use.
+    pub(crate) fence_ttl: Duration,
+}
+
+/// A server's own compare-and-delete, where it has one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NativeDelete {
+    /// `DELIFEQ key value` (Valkey 9).
+    DelIfEq,
+    /// `DELEX key IFEQ value` (Redis 8.4).
+    DelEx,
+}
+
+impl NativeDelete {
+    fn command(self) -> &'static str {
+        match self {
+            NativeDelete::DelIfEq => "DELIFEQ",
+            NativeDelete::DelEx => "DELEX",
+        }
+    }
 }
 
 /// A connection that runs the lock scripts: to one Redis server, or to a
@@ -68,6 +88,8 @@ pub(crate) struct RedisNode {
     conn: Conn,
     pub(crate) addr: Arc<str>,
     settings: NodeSettings,
+    /// Found at connect: releases without a script where possible.
+    native_delete: Option<NativeDelete>,
 }
 
 #[derive(Clone)]
@@ -115,12 +137,14 @@ impl RedisNode {
         .await
         .map_err(|_| Fault::timed_out(format!("connecting to Redis at {addr}"), budget))?
         .map_err(|e| Fault::redis(format!("connecting to Redis at {addr}"), e))?;
-        let node = RedisNode {
+        let mut node = RedisNode {
             conn: Conn::Single(conn),
             addr,
             settings,
+            native_delete: None,
         };
         node.load_scripts().await?;
+        node.native_delete = node.find_native_delete().await;
         node.warn_if_evicting().await;
         Ok(node)
     }
@@ -177,7 +201,36 @@ impl RedisNode {
             conn: Conn::Cluster(conn),
             addr,
             settings,
+            native_delete: None,
         }
+    }
+
+    /// Find out, once, whether the server deletes a key if its value
+    /// equals a given one by itself (newer Valkey and Redis do). A cluster
+    /// is asked through any node: its nodes run one version.
+    pub(crate) async fn find_native_delete(&self) -> Option<NativeDelete> {
+        let mut cmd = redis::cmd("COMMAND");
+        cmd.arg("INFO").arg("DELIFEQ").arg("DELEX");
+        let info: Vec<redis::Value> = self
+            .command(cmd, "asking for the server's commands")
+            .await
+            .ok()?;
+        let known = |i: usize| !matches!(info.get(i), None | Some(redis::Value::Nil));
+        if known(0) {
+            Some(NativeDelete::DelIfEq)
+        } else if known(1) {
+            Some(NativeDelete::DelEx)
+        } else {
+            None
+        }
+    }
+
+    /// Use (or not) the server's own compare-and-delete (see
+    /// [`find_native_delete`](Self::find_native_delete)).
+    #[cfg(feature = "cluster")]
+    pub(crate) fn with_native_delete(mut self, native: Option<NativeDelete>) -> Self {
+        self.native_delete = native;
+        self
     }
 
     /// Run a plain command (WAIT, ROLE, ...).
@@ -340,11 +393,21 @@ impl RedisNode {
         }
     }
 
+    /// The token counter of `name`'s slot on this server.
+    fn counter(&self, name: &LockName) -> String {
+        name.counter(self.is_cluster())
+    }
+
     /// Take the lock for `owner`. `floor`: the lowest token to hand out
     /// (default: the server's clock in microseconds). `queue`: what a busy
     /// attempt does (Redlock nodes never queue; they mark the lock so that
     /// its release wakes waiters, and a writer's mark keeps new readers out
     /// for as long as it would have stayed queued).
+    ///
+    /// A lock without a token (`fence = false`) is first tried with a bare
+    /// `SET … NX PX … GET`, as cheap as a lock can be; the script runs only
+    /// if that finds it busy and the attempt is to queue, or finds it this
+    /// owner's already (an earlier send ran).
     pub(crate) async fn acquire(
         &self,
         name: &LockName,
@@ -354,33 +417,62 @@ impl RedisNode {
         queue: Queue,
     ) -> Result<Acquired, Fault> {
         let lease_ms = millis(lease).to_string();
-        let floor = floor.map(|f| f.to_string()).unwrap_or_default();
-        let stay = match (queue.stay, floor.is_empty()) {
+        if !queue.fence && !is_reader(owner) && floor.is_none() && !queue.rejoin {
+            let mut set = redis::cmd("SET");
+            set.arg(&*name.hash)
+                .arg(owner)
+                .arg("NX")
+                .arg("PX")
+                .arg(&lease_ms)
+                .arg("GET");
+            let held: Option<String> = self
+                .retrying_by(queue.by, |limit| {
+                    self.query(Query::Cmd(set.clone()), "taking a lock", limit)
+                })
+                .await?;
+            let Some(held) = held else {
+                return Ok(Acquired::Fresh { fence: 0 });
+            };
+            let mine = held.split(' ').next() == Some(owner);
+            if !mine && queue.stay.is_none() {
+                return Ok(Acquired::Busy {
+                    ttl: None,
+                    queued: None,
+                });
+            }
+            // Busy and to queue, or this owner's (the script answers
+            // `Repeated` and sets the lease again).
+        }
+        let floor = floor.map(|f| f.to_string());
+        let stay = match (queue.stay, floor.is_none()) {
             (None, _) => String::new(),
             (Some(stay), false) => format!("w{}", millis(stay)),
             (Some(stay), true) => millis(stay).to_string(),
         };
-        let keys = [
-            &*name.hash,
-            &name.fence(),
-            &name.queue(),
-            &name.waiters(),
-            &name.readers(),
-        ];
+        let ttl = millis(self.settings.fence_ttl).to_string();
+        let counter = self.counter(name);
+        let keys = [&*name.hash, &counter];
         let sent = std::sync::atomic::AtomicBool::new(false);
         let reply: Vec<i64> = self
             .retrying_by(queue.by, |limit| {
                 // Sent again after a send that may have run and queued this
                 // owner: if this one takes the lock, it leaves the queue.
                 let again = sent.swap(true, std::sync::atomic::Ordering::Relaxed);
-                let rejoin = if queue.rejoin || (again && queue.stay.is_some()) {
-                    "1"
-                } else {
-                    ""
-                };
-                let args = [owner, &lease_ms, &floor, &stay, rejoin];
-                let keys = &keys;
-                async move { self.eval_once(&scripts::ACQUIRE, keys, &args, limit).await }
+                let mut flags = String::with_capacity(2);
+                if queue.fence {
+                    flags.push('f');
+                }
+                if queue.rejoin || (again && queue.stay.is_some()) {
+                    flags.push('j');
+                }
+                let (lease_ms, stay, ttl, floor, keys) = (&lease_ms, &stay, &ttl, &floor, &keys);
+                async move {
+                    let mut args: Vec<&str> = vec![owner, lease_ms, stay, &flags, ttl];
+                    if let Some(f) = floor {
+                        args.push(f);
+                    }
+                    self.eval_once(&scripts::ACQUIRE, keys, &args, limit).await
+                }
             })
             .await?;
         let (flag, n, at) = match reply[..] {
@@ -403,6 +495,44 @@ impl RedisNode {
         })
     }
 
+    /// The release script's flags: how it tells waiters, and for Redlock
+    /// when it wakes them.
+    fn release_flags(&self, wake: Wake, forced: bool) -> String {
+        let mut flags = String::with_capacity(3);
+        if self.is_cluster() {
+            flags.push('s');
+        }
+        flags.push(match wake {
+            Wake::IfReleased => 'r',
+            Wake::Always => 'a',
+            Wake::Never => 'n',
+        });
+        if forced {
+            flags.push('f');
+        }
+        flags
+    }
+
+    /// Run the release script as `owner`: (its answer, whether an earlier
+    /// send may have run).
+    pub(crate) async fn run_release(
+        &self,
+        name: &LockName,
+        owner: &str,
+        wake: Wake,
+        forced: bool,
+    ) -> Result<(i64, bool), Fault> {
+        let flags = self.release_flags(wake, forced);
+        let ttl = millis(self.settings.fence_ttl).to_string();
+        let counter = self.counter(name);
+        self.eval_noting_repeats(
+            &scripts::RELEASE,
+            &[&name.hash, &counter],
+            &[owner, &flags, &ttl],
+        )
+        .await
+    }
+
     /// Release `owner`'s lock: hand it to the first live waiter in its
     /// queue, or delete it; an owner that only waited leaves the queue.
     /// `wake` is for Redlock, whose waiters do not queue.
@@ -412,30 +542,13 @@ impl RedisNode {
         owner: &str,
         wake: Wake,
     ) -> Result<Released, Fault> {
-        let flag = match wake {
-            Wake::IfReleased => "r",
-            Wake::Always => "a",
-            Wake::Never => "n",
-        };
-        let publish = match self.conn {
-            #[cfg(feature = "cluster")]
-            Conn::Cluster(_) => "spublish",
-            Conn::Single(_) => "publish",
-        };
-        let (freed, repeated): (i64, bool) = self
-            .eval_noting_repeats(
-                &scripts::RELEASE,
-                &[
-                    &name.hash,
-                    &name.fence(),
-                    &name.queue(),
-                    &name.waiters(),
-                    &name.readers(),
-                ],
-                &[owner, &name.grants(), publish, &name.channel(), flag],
-            )
-            .await?;
-        Ok(match freed {
+        let (freed, repeated) = self.run_release(name, owner, wake, false).await?;
+        Ok(self.released(freed, repeated))
+    }
+
+    /// What a release's answer means.
+    fn released(&self, freed: i64, repeated: bool) -> Released {
+        match freed {
             1 => Released::Freed,
             // An earlier send whose reply was lost may have released it, and
             // a waiter may have taken it since: nothing here says it was
@@ -445,7 +558,62 @@ impl RedisNode {
             // on its own, so there an absent lock may be that too.
             0 if self.is_cluster() => Released::Freed,
             _ => Released::NotOwner,
-        })
+        }
+    }
+
+    /// Release a writer's hold that nobody is likely to wait behind: one
+    /// native compare-and-delete of its exact value where the server has
+    /// one (`DELIFEQ` on Valkey 9, `DELEX … IFEQ` on Redis 8.4), which
+    /// deletes only an unmarked lock; the script otherwise (someone queued,
+    /// the lock was handed over, or it is gone).
+    pub(crate) async fn release_writer(
+        &self,
+        name: &LockName,
+        owner: &str,
+        fence: u64,
+    ) -> Result<Released, Fault> {
+        if let Some(native) = self.native_delete {
+            let value = if fence == 0 {
+                owner.to_string()
+            } else {
+                format!("{owner} {fence}")
+            };
+            let mut cmd = redis::cmd(native.command());
+            cmd.arg(&*name.hash);
+            if native == NativeDelete::DelEx {
+                cmd.arg("IFEQ");
+            }
+            cmd.arg(value);
+            let (deleted, repeated): (i64, bool) = {
+                let ran = std::sync::atomic::AtomicBool::new(false);
+                let ran = &ran;
+                let cmd = &cmd;
+                let d = self
+                    .retrying(|limit| async move {
+                        let out = self
+                            .query(Query::Cmd(cmd.clone()), "releasing a lock", limit)
+                            .await;
+                        if matches!(&out, Err(e) if e.may_have_run()) {
+                            ran.store(true, std::sync::atomic::Ordering::Relaxed);
+                        }
+                        out
+                    })
+                    .await?;
+                (d, ran.load(std::sync::atomic::Ordering::Relaxed))
+            };
+            if deleted == 1 {
+                return Ok(Released::Freed);
+            }
+            if repeated {
+                // The first send may have deleted it; the script below
+                // finds it absent and says so, which counts as released.
+                let (freed, _) = self
+                    .run_release(name, owner, Wake::IfReleased, false)
+                    .await?;
+                return Ok(self.released(freed, true));
+            }
+        }
+        self.release(name, owner, Wake::IfReleased).await
     }
 
     /// End `owner`'s hold but leave the lock taken for `left` more, unless
@@ -489,11 +657,26 @@ impl RedisNode {
         Ok(queued || holder == Some(owner) || (reads.is_some() && holder == Some("~r")))
     }
 
-    /// Raise the fence counter to at least `fence` (Redlock).
-    pub(crate) async fn raise_fence(&self, name: &LockName, fence: u64) -> Result<(), Fault> {
-        let fence = fence.to_string();
+    /// Raise the token counter to at least `fence`, and `owner`'s hold to
+    /// that token (Redlock: every granted node learns the token handed
+    /// out, so that later majorities see it).
+    pub(crate) async fn raise_fence(
+        &self,
+        name: &LockName,
+        owner: &str,
+        fence: u64,
+    ) -> Result<(), Fault> {
+        let (fence, ttl) = (
+            fence.to_string(),
+            millis(self.settings.fence_ttl).to_string(),
+        );
+        let counter = self.counter(name);
         let _: i64 = self
-            .eval(&scripts::RAISE_FENCE, &[&name.fence()], &[&fence])
+            .eval(
+                &scripts::RAISE_FENCE,
+                &[&name.hash, &counter],
+                &[owner, &fence, &ttl],
+            )
             .await?;
         Ok(())
     }

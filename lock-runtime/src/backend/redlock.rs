@@ -299,7 +299,13 @@ impl Shared {
             if f == fence {
                 return Ok(());
             }
-            let fut = async { self.slots[i].node().await?.raise_fence(name, fence).await };
+            let fut = async {
+                self.slots[i]
+                    .node()
+                    .await?
+                    .raise_fence(name, owner, fence)
+                    .await
+            };
             match tokio::time::timeout(timeout, fut).await {
                 Ok(r) => r.map_err(|e| format!("{}: {e}", self.slots[i].url)),
                 Err(_) => Err(format!(

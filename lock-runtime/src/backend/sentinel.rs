@@ -389,6 +389,28 @@ impl SentinelBackend {
         }
     }
 
+    pub(crate) async fn release_writer(
+        &self,
+        name: &LockName,
+        owner: &Arc<str>,
+        fence: u64,
+    ) -> Result<Released, Fault> {
+        let shared = &self.shared;
+        let (first, started) = (shared.current(), Instant::now());
+        match first.node.release_writer(name, owner, fence).await {
+            Err(e) if may_have_moved(&e) => match shared.after_failure(&first, started).await {
+                Some(next) => match next.node.release(name, owner, Wake::IfReleased).await {
+                    // The first send may have released it (and the new
+                    // primary has that, or never had the lock).
+                    Ok(Released::NotOwner) if e.may_have_run() => Ok(Released::Freed),
+                    other => other,
+                },
+                None => Err(e),
+            },
+            other => other,
+        }
+    }
+
     pub(crate) async fn keep(
         &self,
         name: &LockName,

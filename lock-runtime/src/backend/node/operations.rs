@@ -14,30 +14,17 @@ use crate::scripts;
 /// fence counters takes few round trips, small enough not to stall Redis.
 const SCAN_COUNT: usize = 1000;
 
-/// The lock's names, in the order every lock script takes them.
-fn keys(name: &LockName) -> [String; 5] {
-    [
-        name.hash.to_string(),
-        name.fence(),
-        name.queue(),
-        name.waiters(),
-        name.readers(),
-    ]
-}
-
-/// The last token handed out, from the counter's value (tokens are decimal
-/// strings; anything else, or none, is no token).
-fn last_token(counter: &str) -> Option<u64> {
-    counter.parse().ok()
+/// The token of the hold, from its place in the lock's value (decimal; `-`
+/// or nothing: a lock without a token).
+fn hold_token(token: &str) -> Option<u64> {
+    token.parse().ok()
 }
 
 impl RedisNode {
     /// What this server holds of the lock, read in one script call.
     pub(crate) async fn inspect(&self, name: &LockName) -> Result<Seen, Fault> {
-        let keys = keys(name);
-        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let (what, pttl, counter, waiters, holders): (String, i64, String, i64, Vec<String>) =
-            self.eval(&scripts::INSPECT, &keys, &[]).await?;
+        let (what, pttl, token, waiters, holders): (String, i64, String, i64, Vec<String>) =
+            self.eval(&scripts::INSPECT, &[&name.hash], &[]).await?;
         if what != "held" && what != "free" {
             return Err(Fault::other(format!(
                 "`{}` on Redis at {} is a {what}, not a lock of this client (another key prefix?)",
@@ -49,7 +36,7 @@ impl RedisNode {
             holders,
             ttl,
             waiters: waiters.max(0) as usize,
-            fence: last_token(&counter),
+            fence: hold_token(&token),
         })
     }
 
@@ -66,25 +53,7 @@ impl RedisNode {
         owner: &str,
         wake: Wake,
     ) -> Result<bool, Fault> {
-        let flag = match wake {
-            Wake::IfReleased => "r",
-            Wake::Always => "a",
-            Wake::Never => "n",
-        };
-        let publish = if self.is_cluster() {
-            "spublish"
-        } else {
-            "publish"
-        };
-        let keys = keys(name);
-        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let (ended, repeated): (i64, bool) = self
-            .eval_noting_repeats(
-                &scripts::RELEASE,
-                &keys,
-                &[owner, &name.grants(), publish, &name.channel(), flag, "1"],
-            )
-            .await?;
+        let (ended, repeated) = self.run_release(name, owner, wake, true).await?;
         // As for any release: an earlier send whose reply was lost may have
         // ended it (on a cluster the client also re-sends on its own).
         Ok(ended == 1 || repeated || (ended == 0 && self.is_cluster()))
@@ -238,9 +207,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_last_token_is_the_counters_decimal_value() {
-        assert_eq!(last_token("1718000000000001"), Some(1_718_000_000_000_001));
-        assert_eq!(last_token(""), None);
-        assert_eq!(last_token("x"), None);
+    fn a_holds_token_is_the_decimal_in_its_value() {
+        assert_eq!(hold_token("1718000000000001"), Some(1_718_000_000_000_001));
+        assert_eq!(hold_token(""), None);
+        assert_eq!(hold_token("-"), None);
     }
 }
