@@ -63,6 +63,8 @@ pub struct Timing {
     pub linger: u64,
     /// `node.rs::MIN_SEND`: the least time a send is given.
     pub min_send: u64,
+    /// `Config::fence_ttl`: how long a token counter outlives its last use.
+    pub fence_ttl: u64,
 }
 
 impl Default for Timing {
@@ -74,6 +76,7 @@ impl Default for Timing {
             orphan_after: ms(protocol::ORPHAN_AFTER),
             linger: 2000,
             min_send: 20,
+            fence_ttl: 24 * 3600 * 1000,
         }
     }
 }

@@ -3,9 +3,11 @@
 //! show the checker finds it with the switch on and nothing with it off.
 //!
 //! Client-side defects switch what the runtime's decisions are fed, or the
-//! world's plumbing (which connection a command takes); script-side ones
-//! run the copy of the script as it was before the fix
-//! (`scripts-before-fixes/`), with the arguments it took then (`calls.rs`).
+//! world's plumbing (which connection a command takes, which script a
+//! release calls). The one script-side defect runs today's `acquire.lua`
+//! with its fix taken out again ([`RACE_3_FIX`]): the scripts' layout has
+//! changed since the fix, so a copy of the script from before it could not
+//! run beside today's others.
 
 /// Which old behaviours the model restores.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -21,13 +23,14 @@ pub struct Defects {
     /// connection, and can run before it. (The runtime's `Backend::undo`
     /// follows the attempt.)
     pub undo_on_main: bool,
-    /// Race 3: `acquire.lua` from before the fix: a queuing attempt repeated
-    /// by a transport without the rejoin flag can leave a queue entry
-    /// behind.
+    /// Race 3: `acquire.lua` without its fix ([`RACE_3_FIX`]): only the
+    /// client's rejoin flag says an earlier send may have queued the owner,
+    /// so a queuing attempt repeated by a transport without it can take the
+    /// lock and leave its queue entry behind.
     pub acquire_before_fixes: bool,
     /// Race 4: a `min_hold` release through `renew.lua` (a compare-and-
-    /// expire) instead of `keep.lua`: a renewal re-sent after it restores
-    /// the full lease.
+    /// expire, as `guard.rs::keep` did before `keep.lua`): a renewal re-sent
+    /// after it restores the full lease.
     pub keep_by_renewal: bool,
 }
 
@@ -48,3 +51,13 @@ impl Defects {
         keep_by_renewal: true,
     };
 }
+
+/// Race 3's fix as it stands in `lock-runtime/scripts/acquire.lua`, and the
+/// line it replaced: a queuing attempt is checked for an earlier send
+/// whatever the client's rejoin flag (`j`) says. The switch puts the old
+/// line back; if the fix's line changes, the host says so when it loads the
+/// scripts, and this pair must follow.
+pub const RACE_3_FIX: (&str, &str) = (
+    "local may_be_queued = stay ~= '' or string.find(ARGV[4], 'j', 1, true) ~= nil",
+    "local may_be_queued = string.find(ARGV[4], 'j', 1, true) ~= nil",
+);

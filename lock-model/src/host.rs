@@ -10,11 +10,13 @@
 //! as Redis 7.0 writes them (`%.17g`), and Lua's own `..` keeps `%.14g`:
 //! the reason the scripts keep 16-digit tokens as strings.
 
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 
 use mlua::{Function, Lua, MultiValue, Table, Value};
 
+use crate::defects::RACE_3_FIX;
 use crate::keyspace::{fmt_g17, Keyspace, Reply};
 
 /// A script the host runs.
@@ -30,15 +32,12 @@ pub enum Script {
     /// `return redis.pcall(unpack(ARGV))`: one plain command, for tests
     /// and for the commands the runtime sends outside scripts.
     Command,
-    /// `acquire.lua` as it was before the fixes of delayed and repeated
-    /// replies, kept to restore a defect (see `Defects`).
+    /// Today's `acquire.lua` with race 3's fix taken out
+    /// (`defects::RACE_3_FIX`), to restore the defect.
     AcquireBeforeFixes,
-    /// `renew.lua` as it was when a `min_hold` release went through it
-    /// (before `keep.lua`), kept to restore a defect (see `Defects`).
-    RenewBeforeFixes,
 }
 
-const SOURCES: [(Script, &str, &str); 9] = [
+const SOURCES: [(Script, &str, &str); 7] = [
     (
         Script::Acquire,
         "acquire.lua",
@@ -74,26 +73,41 @@ const SOURCES: [(Script, &str, &str); 9] = [
         "command",
         "return redis.pcall(unpack(ARGV))",
     ),
-    (
-        Script::AcquireBeforeFixes,
-        "acquire.lua (before fixes)",
-        include_str!("../scripts-before-fixes/acquire.lua"),
-    ),
-    (
-        Script::RenewBeforeFixes,
-        "renew.lua (before fixes)",
-        include_str!("../scripts-before-fixes/renew.lua"),
-    ),
 ];
 
 impl Script {
+    /// Every script the host runs.
+    pub const ALL: [Script; 8] = [
+        Script::Acquire,
+        Script::Release,
+        Script::Renew,
+        Script::RenewRead,
+        Script::Keep,
+        Script::RaiseFence,
+        Script::Command,
+        Script::AcquireBeforeFixes,
+    ];
+
     /// The script's source text.
-    pub fn source(self) -> &'static str {
-        SOURCES.iter().find(|s| s.0 == self).unwrap().2
+    pub fn source(self) -> Cow<'static, str> {
+        if self == Script::AcquireBeforeFixes {
+            let (fixed, old) = RACE_3_FIX;
+            let today = Script::Acquire.source();
+            assert!(
+                today.contains(fixed),
+                "acquire.lua no longer has race 3's fix as defects::RACE_3_FIX states it: \
+                 restate the fix there"
+            );
+            return Cow::Owned(today.replacen(fixed, old, 1));
+        }
+        Cow::Borrowed(SOURCES.iter().find(|s| s.0 == self).unwrap().2)
     }
 
     /// The file it comes from.
     pub fn name(self) -> &'static str {
+        if self == Script::AcquireBeforeFixes {
+            return "acquire.lua (race 3's fix taken out)";
+        }
         SOURCES.iter().find(|s| s.0 == self).unwrap().1
     }
 }
@@ -201,15 +215,15 @@ impl Host {
         )
         .exec()
         .unwrap();
-        let scripts = SOURCES
+        let scripts = Script::ALL
             .iter()
-            .map(|(s, name, src)| {
+            .map(|&s| {
                 let f = lua
-                    .load(*src)
-                    .set_name(*name)
+                    .load(s.source().as_ref())
+                    .set_name(s.name())
                     .into_function()
-                    .unwrap_or_else(|e| panic!("{name} does not compile: {e}"));
-                (*s, f)
+                    .unwrap_or_else(|e| panic!("{} does not compile: {e}", s.name()));
+                (s, f)
             })
             .collect();
         let run = g.get::<Function>("__run").unwrap();
@@ -316,17 +330,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_fresh_acquire_takes_the_lock_and_raises_the_fence() {
+    fn a_fresh_acquire_takes_the_lock_and_raises_the_counter() {
         let mut ks = Keyspace::default();
         let now = 1_700_000_000_123;
-        let keys = ["l", "l:fence", "l:queue", "l:waiters", "l:readers"];
+        let keys = ["l", "fence"];
         let out = eval(
             Script::Acquire,
             &mut ks,
             now,
             &BTreeMap::new(),
             &keys,
-            &["c:1", "3000", "", "", ""],
+            &["c:1", "3000", "", "f", "86400000"],
         );
         assert_eq!(
             out.reply,
@@ -338,12 +352,14 @@ mod tests {
             now + 5,
             &BTreeMap::new(),
             &keys,
-            &["c:1", "3000", "", "", ""],
+            &["c:1", "3000", "", "f", "86400000"],
         );
         assert_eq!(
             again.reply,
-            Reply::Array(vec![Reply::Int(2), Reply::Bulk("1700000000123000".into())])
+            Reply::Array(vec![Reply::Int(2), Reply::Int(1_700_000_000_123_000)])
         );
+        // (The repeat raised the counter too: a gap, and its TTL renewed.)
+        assert_eq!(ks.keys["fence"].expires, Some(now + 5 + 86_400_000));
         assert_eq!(ks.keys["l"].expires, Some(now + 5 + 3000));
     }
 }

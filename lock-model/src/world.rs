@@ -642,23 +642,33 @@ impl World {
                 rejoin,
             } => {
                 let id = owner_id(c, owner);
-                let call = calls::acquire(key, &id, lease, (stay, rejoin), d.acquire_before_fixes);
+                let call = calls::acquire(
+                    key,
+                    &id,
+                    lease,
+                    (stay, rejoin),
+                    self.timing.fence_ttl,
+                    d.acquire_before_fixes,
+                );
                 ReplyKey::Acquire(read_acquire(&self.run(s, call)))
             }
             Cmd::Release { key, owner } => {
-                match self.run(s, calls::release(key, &owner_id(c, owner))) {
+                let call = calls::release(key, &owner_id(c, owner), self.timing.fence_ttl);
+                match self.run(s, call) {
                     Reply::Int(i) => ReplyKey::Int(i),
                     other => panic!("release.lua answered {other:?}"),
                 }
             }
             Cmd::Renew { key, owner, lease } => {
-                let call = calls::renew(key, &owner_id(c, owner), owner.read, lease, false);
+                let call = calls::renew(key, &owner_id(c, owner), owner.read, lease);
                 ReplyKey::Flag(read_renewed(&self.run(s, call)))
             }
             Cmd::Keep { key, owner, left } => {
                 let id = owner_id(c, owner);
                 if d.keep_by_renewal {
-                    let call = calls::renew(key, &id, owner.read, left, true);
+                    // As `guard.rs::keep` did before `keep.lua`: a
+                    // renewal with the time left as its lease.
+                    let call = calls::renew(key, &id, owner.read, left);
                     ReplyKey::Flag(read_renewed(&self.run(s, call)))
                 } else {
                     match self.run(s, calls::keep(key, &id, left)) {

@@ -79,34 +79,37 @@ enum Step {
     Sleep(u64),
 }
 
-const LOCK: [&str; 5] = ["l", "l:fence", "l:queue", "l:waiters", "l:readers"];
+/// The lock and its server's token counter; the queue, waiters and readers
+/// are `l:queue`, `l:waiters`, `l:readers`.
+const LOCK: [&str; 2] = ["l", "fence"];
+/// `fence_ttl` in ms.
+const TTL: &str = "86400000";
 
 fn s(v: &[&str]) -> Vec<String> {
     v.iter().map(|x| x.to_string()).collect()
 }
 
+/// An acquire as `node.rs` sends it, fenced: `rejoin` "1" adds the `j`
+/// flag, a `floor` (Redlock) goes last.
 fn acq(owner: &str, lease: &str, floor: &str, stay: &str, rejoin: &str) -> Step {
-    Step::Eval(
-        Script::Acquire,
-        s(&LOCK),
-        s(&[owner, lease, floor, stay, rejoin]),
-    )
+    let flags = if rejoin == "1" { "fj" } else { "f" };
+    acq_flags(owner, lease, floor, stay, flags)
+}
+
+fn acq_flags(owner: &str, lease: &str, floor: &str, stay: &str, flags: &str) -> Step {
+    let mut args = s(&[owner, lease, stay, flags, TTL]);
+    if !floor.is_empty() {
+        args.push(floor.to_string());
+    }
+    Step::Eval(Script::Acquire, s(&LOCK), args)
 }
 
 fn rel(owner: &str) -> Step {
-    Step::Eval(
-        Script::Release,
-        s(&LOCK),
-        s(&[owner, "l:granted:", "publish", "l:released", "r"]),
-    )
+    Step::Eval(Script::Release, s(&LOCK), s(&[owner, "r", TTL]))
 }
 
 fn forced_rel(owner: &str) -> Step {
-    Step::Eval(
-        Script::Release,
-        s(&LOCK),
-        s(&[owner, "l:granted:", "publish", "l:released", "r", "1"]),
-    )
+    Step::Eval(Script::Release, s(&LOCK), s(&[owner, "rf", TTL]))
 }
 
 fn keep(owner: &str, left: &str) -> Step {
@@ -350,8 +353,8 @@ fn writers_queue_and_hand_over_as_on_redis() {
             rel("c:2"),
             Step::Eval(
                 Script::RaiseFence,
-                s(&["l:fence"]),
-                s(&["200000000000000000"]),
+                s(&LOCK),
+                s(&["c:2", "200000000000000000", TTL]),
             ),
             acq("c:3", "30000", "", "", ""),
         ],
@@ -452,6 +455,41 @@ fn min_hold_releases_and_late_renewals_as_on_redis() {
 }
 
 #[test]
+fn unfenced_holds_and_token_counters_as_on_redis() {
+    compare(
+        "unfenced",
+        &["l:granted:d", "l:granted:e"],
+        vec![
+            // `fence = false`: no token in the value, none handed over.
+            acq_flags("c:1", "30000", "", "", ""),
+            acq_flags("c:1", "30000", "", "", ""),
+            acq_flags("d:1", "30000", "", "5000", ""),
+            acq_flags("e:r1", "30000", "", "5000", ""),
+            rel("c:1"),
+            rel("d:1"),
+            // A fenced reader joins an unfenced read hold: the hold gets a
+            // token, which the readers after it share.
+            acq_flags("c:r2", "30000", "", "", "f"),
+            acq_flags("d:r2", "30000", "", "", "f"),
+            rel("e:r1"),
+            rel("c:r2"),
+            rel("d:r2"),
+            // The counter expires unused after fence_ttl, and tokens still
+            // rise (floored at the clock).
+            acq_flags("c:3", "30000", "", "", "f"),
+            Step::Eval(
+                Script::Acquire,
+                s(&LOCK),
+                s(&["d:3", "30000", "", "f", "200"]),
+            ),
+            Step::Sleep(250),
+            rel("c:3"),
+            acq_flags("c:4", "30000", "", "", "f"),
+        ],
+    );
+}
+
+#[test]
 fn foreign_data_and_broken_counters_as_on_redis() {
     compare(
         "errors",
@@ -463,11 +501,11 @@ fn foreign_data_and_broken_counters_as_on_redis() {
             rel("c:1"),
             renew("30000", "c:", "1"),
             cmd(&["del", "l"]),
-            cmd(&["set", "l:fence", "abc"]),
+            cmd(&["set", "fence", "abc"]),
             acq("c:1", "30000", "", "", ""),
             acq("c:r1", "30000", "", "", ""),
-            cmd(&["del", "l:fence"]),
-            cmd(&["rpush", "l:fence", "x"]),
+            cmd(&["del", "fence"]),
+            cmd(&["rpush", "fence", "x"]),
             acq("c:1", "30000", "", "", ""),
         ],
     );
