@@ -152,7 +152,9 @@ impl LockRequest {
     /// server has one). Owner-checked release, reentry, the watchdog and
     /// the FIFO hand-off stay. [`LockGuard::fence`] is then 0, which no
     /// fenced acquisition ever hands out, and inside such a body
-    /// [`current_fence`](crate::current_fence) is `None`.
+    /// [`current_fence`](crate::current_fence) is `None`. A request that
+    /// re-enters a hold of its scope shares that hold: re-entering one
+    /// taken without a token, a fenced request gets 0 too.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]

@@ -49,6 +49,9 @@ struct Slot {
     /// SUBSCRIBEs sent whose confirmation has not come back: a
     /// confirmation is not a resubscription after a reconnect.
     confirming: u32,
+    /// The server ended this subscription by itself (a Redis Cluster slot
+    /// moved to another node): its waiters must subscribe again.
+    dropped: bool,
 }
 
 impl Wakeups {
@@ -73,6 +76,7 @@ impl Wakeups {
             waiters: 0,
             ready: false,
             confirming: 0,
+            dropped: false,
         });
         slot.waiters += 1;
         let waiter = Waiter {
@@ -102,6 +106,21 @@ impl Wakeups {
     pub(crate) fn mark_ready(&self, channel: &str) {
         if let Some(slot) = self.slots.lock().unwrap().get_mut(channel) {
             slot.ready = true;
+            slot.dropped = false;
+        }
+    }
+
+    /// The server ended the subscription to `channel` by itself (its slot
+    /// moved to another node of a Redis Cluster): grants published from
+    /// now on reach nobody here, and releases skip these waiters. Every
+    /// waiter there subscribes again, where the slot now is, and checks
+    /// whether it was passed over meanwhile.
+    pub(crate) fn dropped_by_server(&self, channel: &str) {
+        if let Some(slot) = self.slots.lock().unwrap().get_mut(channel) {
+            slot.ready = false;
+            slot.dropped = true;
+            slot.wake.notify_waiters();
+            slot.wake.notify_one();
         }
     }
 
@@ -283,6 +302,13 @@ impl Waiter {
     /// Releases are no longer published where this waiter listens.
     pub(crate) fn is_stale(&self) -> bool {
         self.registry.retired.load(Ordering::Acquire)
+            || self
+                .registry
+                .slots
+                .lock()
+                .unwrap()
+                .get(&self.channel)
+                .is_some_and(|s| s.dropped)
     }
 }
 

@@ -41,6 +41,7 @@ fn resend(e: &Fault) -> bool {
     match e {
         Fault::Redis { source: e, .. } => {
             super::fault::connection_broke(e)
+                || super::fault::slot_moving(e)
                 || e.is_timeout()
                 || matches!(
                     e.kind(),
@@ -90,6 +91,9 @@ pub(crate) struct RedisNode {
     settings: NodeSettings,
     /// Found at connect: releases without a script where possible.
     native_delete: Option<NativeDelete>,
+    /// The server refused the native delete once (a downgrade, an ACL
+    /// that allows scripts only, a cluster half upgraded): scripts only.
+    native_refused: Arc<std::sync::atomic::AtomicBool>,
 }
 
 #[derive(Clone)]
@@ -142,6 +146,7 @@ impl RedisNode {
             addr,
             settings,
             native_delete: None,
+            native_refused: Arc::default(),
         };
         node.load_scripts().await?;
         node.native_delete = node.find_native_delete().await;
@@ -202,6 +207,7 @@ impl RedisNode {
             addr,
             settings,
             native_delete: None,
+            native_refused: Arc::default(),
         }
     }
 
@@ -398,6 +404,18 @@ impl RedisNode {
         name.counter(self.is_cluster())
     }
 
+    /// The KEYS of `acquire.lua` and `release.lua`: the lock and its slot's
+    /// counter; on a Cluster also the lock's queue, waiters and readers, so
+    /// that a slot on the move refuses the whole call before it runs
+    /// (`TRYAGAIN`) instead of stopping it at a key that already moved.
+    fn script_keys(&self, name: &LockName) -> Vec<String> {
+        let mut keys = vec![name.hash.to_string(), self.counter(name)];
+        if self.is_cluster() {
+            keys.extend([name.queue(), name.waiters(), name.readers()]);
+        }
+        keys
+    }
+
     /// Take the lock for `owner`. `floor`: the lowest token to hand out
     /// (default: the server's clock in microseconds). `queue`: what a busy
     /// attempt does (Redlock nodes never queue; they mark the lock so that
@@ -450,8 +468,8 @@ impl RedisNode {
             (Some(stay), true) => millis(stay).to_string(),
         };
         let ttl = millis(self.settings.fence_ttl).to_string();
-        let counter = self.counter(name);
-        let keys = [&*name.hash, &counter];
+        let keys = self.script_keys(name);
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
         let sent = std::sync::atomic::AtomicBool::new(false);
         let reply: Vec<i64> = self
             .retrying_by(queue.by, |limit| {
@@ -524,13 +542,10 @@ impl RedisNode {
     ) -> Result<(i64, bool), Fault> {
         let flags = self.release_flags(wake, forced);
         let ttl = millis(self.settings.fence_ttl).to_string();
-        let counter = self.counter(name);
-        self.eval_noting_repeats(
-            &scripts::RELEASE,
-            &[&name.hash, &counter],
-            &[owner, &flags, &ttl],
-        )
-        .await
+        let keys = self.script_keys(name);
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        self.eval_noting_repeats(&scripts::RELEASE, &keys, &[owner, &flags, &ttl])
+            .await
     }
 
     /// Release `owner`'s lock: hand it to the first live waiter in its
@@ -572,7 +587,10 @@ impl RedisNode {
         owner: &str,
         fence: u64,
     ) -> Result<Released, Fault> {
-        if let Some(native) = self.native_delete {
+        let refused = self
+            .native_refused
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if let Some(native) = self.native_delete.filter(|_| !refused) {
             let value = if fence == 0 {
                 owner.to_string()
             } else {
@@ -598,7 +616,19 @@ impl RedisNode {
                         }
                         out
                     })
-                    .await?;
+                    .await;
+                let d = match d {
+                    Ok(d) => d,
+                    // Refused by the server: never again here; the script
+                    // releases (it found nothing deleted).
+                    Err(e) if !e.is_transient() => {
+                        tracing::warn!(redis = %self.addr, error = %e, "the server refused its own compare-and-delete; releasing by script from now on");
+                        self.native_refused
+                            .store(true, std::sync::atomic::Ordering::Relaxed);
+                        return self.release(name, owner, Wake::IfReleased).await;
+                    }
+                    Err(e) => return Err(e),
+                };
                 (d, ran.load(std::sync::atomic::Ordering::Relaxed))
             };
             if deleted == 1 {
