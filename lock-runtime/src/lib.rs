@@ -182,6 +182,7 @@ mod io;
 mod key;
 mod metrics;
 mod operations;
+mod protocol;
 mod request;
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
@@ -198,6 +199,13 @@ mod watchdog;
 #[allow(missing_docs)]
 #[path = "private.rs"]
 pub mod __private;
+
+/// The client's decisions without I/O, for the protocol model
+/// (`lock-model`). Not public API: names here may change in any release.
+#[doc(hidden)]
+pub mod __protocol {
+    pub use crate::protocol::*;
+}
 
 pub use backend::memory::MemoryControl;
 pub use builder::LockClientBuilder;
