@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # Benchmarks: this lock runtime side by side with raw Redis round trips,
 # rslock and redis-py, all in one run against redis-servers the bench starts
-# itself. Prints markdown tables and writes docs/BENCHMARKS.md.
+# itself, and what a lock costs on Redis and on Valkey side by side (server
+# and client CPU, commands, memory per lock name). Prints markdown tables
+# and writes docs/BENCHMARKS.md.
 #
 # Installs what it needs when missing (Debian/Ubuntu, as root or with sudo):
-# redis-server and redis-tools (redis-benchmark) via apt, and redis-py via pip
-# into a virtualenv under the cargo target directory.
+# redis-server and redis-tools (redis-benchmark) via apt, valkey-server
+# (scripts/install-valkey.sh), and redis-py via pip into a virtualenv under
+# the cargo target directory.
 #
 #   scripts/bench.sh                      # the full run, a few minutes
 #   LOCKBENCH_QUICK=1 scripts/bench.sh    # a short smoke run, docs left as they are
-#   LOCKBENCH_ONLY=4,6 scripts/bench.sh   # some cases only, docs left as they are
+#   LOCKBENCH_ONLY=4,6 scripts/bench.sh   # some cases only (1-10), docs left as they are
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,6 +29,8 @@ if ! command -v redis-benchmark >/dev/null; then
   apt_install redis-tools
 fi
 command -v redis-benchmark >/dev/null || echo "warning: no redis-benchmark; case 3 runs without its ceiling" >&2
+# The second server of cases 9 and 10 (Valkey next to Redis).
+scripts/install-valkey.sh || echo "warning: no valkey-server; cases 9 and 10 run on Redis only" >&2
 
 # The Python contender: redis-py's Lock. Use $PYTHON (or python3) if it
 # already has redis-py, else a virtualenv with redis-py from PyPI.

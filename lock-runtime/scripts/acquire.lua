@@ -1,7 +1,10 @@
 -- Take a lock for one acquisition, or join its queue of waiters.
 -- KEYS[1] lock; KEYS[2] the token counter of the lock's hash slot (one per
--- slot, shared by every lock there; see key.rs). The lock's queue, waiters
--- and readers are KEYS[1] .. ':queue', ':waiters', ':readers' (same slot).
+-- slot, shared by every lock there; see key.rs); KEYS[3..5] the lock's
+-- queue, waiters and readers, KEYS[1] .. ':queue', ':waiters', ':readers'
+-- (same slot), declared on a Redis Cluster only: there a slot that is
+-- moving must refuse the whole call (TRYAGAIN) before it runs, not stop it
+-- halfway at a key that moved.
 -- ARGV[1] owner id ("<client id>:<n>", a reader's "<client id>:r<n>",
 --         unique per acquisition)
 -- ARGV[2] lease in ms
@@ -85,12 +88,13 @@ if not reader then
     value = owner .. ' ' .. token
   end
   if redis.call('set', lock, value, 'NX', 'PX', lease) then
-    if may_be_queued and redis.call('hdel', lock .. ':waiters', owner) == 1 then
+    if may_be_queued and redis.call('hdel', KEYS[4] or lock .. ':waiters', owner) == 1 then
       -- Taken directly (the lock had expired) by a queued waiter: it
       -- leaves the queue, and if others still wait, its release serves
       -- them.
-      redis.call('lrem', lock .. ':queue', 1, owner)
-      if redis.call('llen', lock .. ':queue') > 0 then
+      local queue = KEYS[3] or lock .. ':queue'
+      redis.call('lrem', queue, 1, owner)
+      if redis.call('llen', queue) > 0 then
         redis.call('set', lock, owner .. ' ' .. (token or '-') .. ' q', 'KEEPTTL')
       end
     end
@@ -99,7 +103,9 @@ if not reader then
 end
 
 -- Everything else: busy, a repeat, a reader.
-local queue, waiters, readers = lock .. ':queue', lock .. ':waiters', lock .. ':readers'
+local queue = KEYS[3] or lock .. ':queue'
+local waiters = KEYS[4] or lock .. ':waiters'
+local readers = KEYS[5] or lock .. ':readers'
 local function now_ms()
   if not t then
     t = redis.call('time')

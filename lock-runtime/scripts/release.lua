@@ -1,9 +1,9 @@
 -- End one acquisition: hand the lock to the first live waiter in its
 -- queue, or delete it. A waiter that gives up leaves the queue by this
 -- same call.
--- KEYS[1] lock, KEYS[2] the token counter of its slot (see acquire.lua for
--- both, and the lock's value); the queue, waiters and readers are
--- KEYS[1] .. ':queue', ':waiters', ':readers'
+-- KEYS[1] lock, KEYS[2] the token counter of its slot, KEYS[3..5] on a
+-- Redis Cluster its queue, waiters and readers (see acquire.lua for all,
+-- and the lock's value)
 -- ARGV[1] owner id
 -- ARGV[2] flags: 's' tell waiters by SPUBLISH (a Redis Cluster; else
 --         PUBLISH); Redlock wake-ups on KEYS[1] .. ':released' (its waiters
@@ -38,7 +38,9 @@ if holder == owner and (mark == '' or mark == '-') then
   return 1
 end
 
-local queue, waiters, readers = lock .. ':queue', lock .. ':waiters', lock .. ':readers'
+local queue = KEYS[3] or lock .. ':queue'
+local waiters = KEYS[4] or lock .. ':waiters'
+local readers = KEYS[5] or lock .. ':readers'
 local reader = string.find(owner, ':r', 1, true) ~= nil
 local forced = string.find(flags, 'f', 1, true) ~= nil
 local function is_reader(o)
@@ -150,37 +152,45 @@ local function serve(joining)
   local served = false
   -- Readers handed the lock together share one token: the hold's own if
   -- they join one, else the releasing writer's (no new one is needed: it
-  -- is the latest), else a new one.
-  local read_token = (tok ~= '' and tok ~= '-') and tok or nil
+  -- is the latest), else a new one. After a forced release, a new one: the
+  -- writer forced out may still be running, and its writes must be fenced
+  -- out by the readers'.
+  local read_token = (tok ~= '' and tok ~= '-' and not forced) and tok or nil
   local token
   while true do
     local head, lease, fenced = next_waiter(serving)
     if not head then
       break
     end
+    -- (The hold is written before the grant is announced: a waiter never
+    -- hears of a hold that is not there.)
     if not is_reader(head) then
       token = fenced and next_token() or '-'
+      redis.call('set', lock, head .. ' ' .. token .. ' ' .. rest() .. by, 'PX', lease)
       if told(head, token) then
-        redis.call('set', lock, head .. ' ' .. token .. ' ' .. rest() .. by, 'PX', lease)
         return true
       end
+      -- Nobody heard: the next waiter's hold replaces this one, or the
+      -- lock goes below.
     else
       if fenced and not read_token then
         read_token = next_token()
       end
+      if not serving then
+        serving = true
+        redis.call('del', readers)
+        redis.call('set', lock, '~r', 'PX', lease)
+      end
+      redis.call('zadd', readers, now_ms + lease, head)
       if told(head, fenced and read_token or '-') then
-        if not serving then
-          serving = true
-          redis.call('del', readers)
-          redis.call('set', lock, '~r', 'PX', lease)
-        end
-        redis.call('zadd', readers, now_ms + lease, head)
         for _, k in ipairs({lock, readers}) do
           if redis.call('pttl', k) < lease then
             redis.call('pexpire', k, lease)
           end
         end
         served = true
+      else
+        redis.call('zrem', readers, head)
       end
     end
   end

@@ -16,6 +16,9 @@ use crate::client::Config;
 use crate::io::Io;
 use crate::{LockClient, LockError};
 
+/// Longest `fence_ttl`: ten years is "forever" for a counter.
+const MAX_FENCE_TTL: Duration = Duration::from_secs(3660 * 86_400);
+
 /// Settings for a new [`LockClient`]; every annotated fn and lock request
 /// that does not say otherwise uses them.
 ///
@@ -83,6 +86,11 @@ impl LockClientBuilder {
     /// that lapsed starts again at the server's clock in microseconds, where
     /// every token starts anyway, so tokens still rise as long as the clock
     /// has not stepped back by more than the time the counter was unused.
+    /// (Each use sets the expiry again: a counter in use never lapses, and
+    /// while it lives a clock step back changes nothing. Clients that share
+    /// a key prefix share the counters; each use sets its own client's
+    /// `fence_ttl`, so give them one.) Between 1 s and ten years; anything
+    /// else is [`LockError::Config`] when the client is built.
     pub fn fence_ttl(mut self, ttl: Duration) -> Self {
         self.config.fence_ttl = ttl;
         self
@@ -144,6 +152,13 @@ impl LockClientBuilder {
             return Err(LockError::Config(
                 "timeouts must be longer than zero".into(),
             ));
+        }
+        if c.fence_ttl < Duration::from_secs(1) || c.fence_ttl > MAX_FENCE_TTL {
+            return Err(LockError::Config(format!(
+                "fence_ttl must be between 1 s and {} days (got {:?})",
+                MAX_FENCE_TTL.as_secs() / 86_400,
+                c.fence_ttl
+            )));
         }
         Ok(c)
     }

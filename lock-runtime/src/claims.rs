@@ -22,10 +22,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
 use crate::key::client_of;
+use crate::protocol::{self, Route};
 
-/// How long a grant nobody claims waits before its client releases it
-/// (its owner may hold the lock through an attempt of its own).
-pub(crate) const ORPHAN_AFTER: Duration = Duration::from_secs(1);
+pub(crate) use crate::protocol::ORPHAN_AFTER;
 
 /// How long an owner that got its lock by asking again is remembered, for
 /// a grant message of the same hand-off that may still come.
@@ -39,15 +38,8 @@ pub(crate) struct Grant {
     pub(crate) at: Stamp,
 }
 
-/// When a hand-off happened.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Stamp {
-    /// On the Redis server's clock, in ms; and when its message arrived
-    /// here (the hand-off was no later than that).
-    ServerMs(u64, tokio::time::Instant),
-    /// On this process's clock.
-    Local(tokio::time::Instant),
-}
+/// When a hand-off happened, on the runtime's clock.
+pub(crate) type Stamp = protocol::Stamp<tokio::time::Instant>;
 
 /// What a client does with a grant whose owner has no request any more:
 /// (the grant channel it was heard on, the owner).
@@ -171,19 +163,18 @@ pub(crate) fn granted(channel: &str, owner: &str, grant: Grant) {
     let Some(claims) = Claims::of(owner) else {
         return;
     };
-    if let Some(m) = claims.live.lock().unwrap().get(owner) {
-        m.put(grant);
-        return;
-    }
-    {
+    let live = claims.live.lock().unwrap().get(owner).cloned();
+    let settled = live.is_none() && {
         let mut settled = claims.settled.lock().unwrap();
         let now = Instant::now();
         settled.retain(|_, at| now.duration_since(*at) < SETTLED_FOR);
-        if settled.remove(owner).is_some() {
-            return;
-        }
+        settled.remove(owner).is_some()
+    };
+    match protocol::route(live.is_some(), settled) {
+        Route::Mailbox => live.expect("a live request").put(grant),
+        Route::Settled => {}
+        Route::Orphan => (claims.on_orphan)(channel, owner.into()),
     }
-    (claims.on_orphan)(channel, owner.into());
 }
 
 /// A request under way (see [`Claims::open`]).

@@ -7,6 +7,7 @@ use crate::backend::{Backend, Released};
 use crate::claims::{Claims, ORPHAN_AFTER};
 use crate::io::Io;
 use crate::key::LockName;
+use crate::protocol;
 use crate::request::LockRequest;
 use crate::wakeups::Waiter;
 use crate::watchdog::Watchdog;
@@ -377,7 +378,7 @@ impl LockClient {
         let client = self.clone();
         self.inner.io.spawn(async move {
             tokio::time::sleep(ORPHAN_AFTER).await;
-            if !client.inner.watchdog.holds(&name.hash, &owner) {
+            if protocol::orphan_released(client.inner.watchdog.holds(&name.hash, &owner)) {
                 tracing::debug!(key = %name.key, "a lock handed to a waiter that is gone; passing it on");
                 client.release_in_background(name, owner);
             }
@@ -448,12 +449,9 @@ impl LockClient {
         let client = self.clone();
         self.inner.io.spawn(async move {
             let backend = &client.inner.backend;
-            let left = until.map(|u| u.saturating_duration_since(tokio::time::Instant::now()));
-            let out = match left {
-                Some(left) if left >= Duration::from_millis(1) => {
-                    crate::guard::keep(backend, &name, &owner, left).await
-                }
-                _ => backend.release(&name, &owner).await,
+            let out = match protocol::keep_for(until, tokio::time::Instant::now()) {
+                Some(left) => crate::guard::keep(backend, &name, &owner, left).await,
+                None => backend.release(&name, &owner).await,
             };
             if let Err(e) = out {
                 tracing::warn!(key = %name.key, error = %e, "background release failed; the lock expires with its lease");
@@ -471,18 +469,10 @@ impl LockClient {
         Ok(self.inner.io.here(fut).await?)
     }
 
-    /// After a fresh subscription: whether `owner` can now just wait. A
-    /// queued owner can if it is still in the queue; one that did not
-    /// queue (or cannot tell) should try again first.
-    pub(crate) async fn still_waits(
-        &self,
-        name: &LockName,
-        owner: &Arc<str>,
-        queued: bool,
-    ) -> bool {
-        if !queued {
-            return false;
-        }
+    /// Whether `owner` still waits in the lock's queue, or was handed the
+    /// lock (asked after a fresh subscription: if neither, a release passed
+    /// it over meanwhile, and it should try again). A failure counts as no.
+    pub(crate) async fn still_queued(&self, name: &LockName, owner: &Arc<str>) -> bool {
         let fut = self.inner.backend.still_queued(name, owner);
         matches!(self.inner.io.here(fut).await, Ok(true))
     }

@@ -7,6 +7,7 @@ use crate::backend::fault::Fault;
 use crate::backend::{Backend, Released};
 use crate::key::LockName;
 use crate::metrics;
+use crate::protocol;
 use crate::scope::Scope;
 use crate::watchdog::{Ended, Held};
 use crate::{LockClient, LockError};
@@ -49,14 +50,15 @@ impl Hold {
 
     /// Until when a release leaves the lock taken (`min_hold`).
     fn keep_until(&self) -> Option<Instant> {
-        (self.min_hold_ms > 0)
-            .then(|| self.acquired_at + Duration::from_millis(u64::from(self.min_hold_ms)))
+        let min_hold =
+            (self.min_hold_ms > 0).then(|| Duration::from_millis(u64::from(self.min_hold_ms)));
+        protocol::keep_until(self.acquired_at, min_hold)
     }
 
-    /// How long the lock must stay taken after a release now (`min_hold`).
+    /// How long the lock must stay taken after a release now (`min_hold`):
+    /// `None` releases it.
     fn keep_for(&self) -> Option<Duration> {
-        let left = self.keep_until()?.saturating_duration_since(Instant::now());
-        (left >= Duration::from_millis(1)).then_some(left)
+        protocol::keep_for(self.keep_until(), Instant::now())
     }
 
     /// End the hold from the background: release it, or leave it to

@@ -60,7 +60,10 @@ pub struct LockInfo {
     /// Waiters queued behind the holders, of every client, still within
     /// their wait. Redlock waiters do not queue in Redis: always 0 there.
     pub waiters: usize,
-    /// The last fencing token handed out for this key (`None`: none yet,
-    /// or its counter expired).
+    /// The fencing token of the current hold: the last one handed out for
+    /// this key (readers share theirs). `None` when nobody holds it, or the
+    /// hold has no token (`fence = false`): tokens come from a counter
+    /// shared by every key of the hash slot, and nothing of a free key is
+    /// kept.
     pub fence: Option<u64>,
 }

@@ -380,3 +380,15 @@ impl Drop for Io {
         }
     }
 }
+
+/// The protocol's decisions (`protocol/`) run on tokio's clock here: paused
+/// and advanced with it in tests, as every timer of the client is.
+impl crate::protocol::Moment for tokio::time::Instant {
+    fn checked_after(self, d: Duration) -> Option<Self> {
+        self.checked_add(d)
+    }
+
+    fn since(self, earlier: Self) -> Duration {
+        self.saturating_duration_since(earlier)
+    }
+}

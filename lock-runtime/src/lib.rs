@@ -39,14 +39,16 @@
 //!
 //! # What Redis holds
 //! A held lock is the string `lock:{key}` holding the owner id of the one
-//! acquisition that holds it, with the lease as its expiry. Beside it, in
-//! the same cluster slot, the string `lock:{key}:fence` keeps the last
-//! fencing token handed out. Waiters queue in `lock:{key}:queue` (with
+//! acquisition that holds it and its fencing token, with the lease as its
+//! expiry. Tokens come from one counter per server (`lock:fence`; one per
+//! hash slot on a Redis Cluster), which expires after
+//! [`fence_ttl`](LockClientBuilder::fence_ttl) unused. Waiters queue in
+//! `lock:{key}:queue` (with
 //! their leases in `lock:{key}:waiters`), and a release hands the lock to
 //! the first of them, telling its client on `lock:{key}:granted:<client
 //! id>`: a contended acquisition is one failed attempt and one pub/sub
-//! message (`docs/HANDOFF.md`). After a release with nobody waiting only
-//! the fence counter remains.
+//! message (`docs/HANDOFF.md`). After a release with nobody waiting
+//! nothing of the lock remains: no key is kept per lock name.
 //!
 //! # Looking at locks and clearing them
 //! [`LockClient::inspect`] says who holds a key, for how long, and how many
@@ -65,7 +67,7 @@
 //! A lease can run out under a holder that is paused (GC, swap, a stopped
 //! VM) without the holder noticing in time. Locks alone cannot prevent the
 //! overlap; fencing tokens can. Each fresh acquisition gets a token from a
-//! per-key counter that only grows and never falls below the server clock in
+//! counter that only grows and never falls below the server clock in
 //! microseconds, so tokens keep increasing also when Redis loses the counter
 //! (a failover to a lagging replica, a restart without persistence). Send
 //! [`current_fence`] (or
@@ -180,6 +182,7 @@ mod io;
 mod key;
 mod metrics;
 mod operations;
+mod protocol;
 mod request;
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
@@ -196,6 +199,13 @@ mod watchdog;
 #[allow(missing_docs)]
 #[path = "private.rs"]
 pub mod __private;
+
+/// The client's decisions without I/O, for the protocol model
+/// (`lock-model`). Not public API: names here may change in any release.
+#[doc(hidden)]
+pub mod __protocol {
+    pub use crate::protocol::*;
+}
 
 pub use backend::memory::MemoryControl;
 pub use builder::LockClientBuilder;

@@ -1,7 +1,6 @@
 use std::borrow::Cow;
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,10 +8,10 @@ use tokio::time::Instant;
 
 use crate::backend::fault::Fault;
 use crate::backend::{Acquired, Queue, Queued, Renewal};
-use crate::claims::Stamp;
 use crate::guard::Hold;
 use crate::key::LockName;
 use crate::metrics;
+use crate::protocol::{self, Acquiring, AfterBusy, Listening, OnGrant};
 use crate::scope::{self, Reentry, Scope};
 use crate::spans;
 use crate::wakeups::{Waiter, Woken};
@@ -153,7 +152,9 @@ impl LockRequest {
     /// server has one). Owner-checked release, reentry, the watchdog and
     /// the FIFO hand-off stay. [`LockGuard::fence`] is then 0, which no
     /// fenced acquisition ever hands out, and inside such a body
-    /// [`current_fence`](crate::current_fence) is `None`.
+    /// [`current_fence`](crate::current_fence) is `None`. A request that
+    /// re-enters a hold of its scope shares that hold: re-entering one
+    /// taken without a token, a fenced request gets 0 too.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -321,43 +322,24 @@ impl LockRequest {
         let started = Instant::now();
         // A huge wait means "as long as it takes".
         let deadline = started.checked_add(wait).unwrap_or(started + MAX_LEASE);
+        let timing = protocol::Timing {
+            retry_delay: cfg.retry_delay,
+            retry_jitter: cfg.retry_jitter,
+            op_timeout: cfg.op_timeout,
+        };
+        // The loop's decisions and the deadlines its wait sets (see
+        // `protocol/acquiring.rs`); `unsure` takes back what an attempt may
+        // have left if the request ends without the lock.
         let mut unsure = Unsure {
             from: client.caller_runtime(),
             client: client.clone(),
             name: name.clone(),
             owner: owner.clone(),
-            pending: false,
+            acq: Acquiring::new(started, deadline, cfg.op_timeout),
         };
         let mut waiter: Option<Waiter> = None;
-        let mut failures = 0u32;
-        // An attempt of `owner` may have joined the lock's queue.
-        let mut queued_once = false;
-        // The last attempt that joined the queue: when it was sent, and the
-        // backend's clock then. A grant's lease is counted from there.
-        let mut queued_at: Option<(Instant, Queued)> = None;
-        // The lock was seen held by another: a wait that runs out is a
-        // `Timeout`, whatever failed last.
-        let seen_busy = AtomicBool::new(false);
-        // A server that refuses every connection cannot be reached: the
-        // call ends within two operation timeouts (one for a call that
-        // tries once), however long its wait. One that takes commands but
-        // answers slowly or not at all is tried until the deadline, and no
-        // attempt sent before it answered runs past the deadline.
-        let unreachable_end = deadline
-            .min(started + 2 * cfg.op_timeout)
-            .max(started + cfg.op_timeout);
-        let attempt_end = deadline.max(started + cfg.op_timeout);
-        // An attempt reached the server (it may have run there).
-        let mut reached = false;
-        let give_up_at = |reached: bool| {
-            if reached || seen_busy.load(Ordering::Relaxed) {
-                deadline
-            } else {
-                deadline.min(unreachable_end)
-            }
-        };
-        let gave_up = |e: Fault, key: &str| -> LockError {
-            if seen_busy.load(Ordering::Relaxed) {
+        let gave_up = |e: Fault, acq: &Acquiring<Instant>, key: &str| -> LockError {
+            if acq.ends_as_timeout() {
                 tracing::debug!(key = %key, error = %e, "lock busy; giving up (the last attempt failed)");
                 LockError::Timeout {
                     key: key.to_owned(),
@@ -371,31 +353,15 @@ impl LockRequest {
         // attempt is bounded by the backend: a call ends by its deadline
         // plus at most one attempt.
         loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            // A waiter asks again at least every `retry_delay` (+ jitter),
-            // which renews its place; one that died loses it soon after.
-            let queue = Queue {
-                stay: (!left.is_zero())
-                    .then(|| left.min(cfg.retry_delay) + cfg.retry_jitter + 2 * cfg.op_timeout),
-                rejoin: queued_once,
-                fence,
-                // No answer from the server yet: this attempt ends by the
-                // call's deadline (a call that tries once: after one
-                // operation timeout), or sooner while the server refuses
-                // connections.
-                by: (!seen_busy.load(Ordering::Relaxed)).then_some(if reached {
-                    attempt_end
-                } else {
-                    unreachable_end
-                }),
-            };
             // Sent from this task: if it is dropped before the answer,
             // `unsure` takes the attempt back.
-            unsure.pending = true;
-            // A later attempt must know an earlier one may have queued this
-            // owner, even if its answer never came.
-            let may_queue = queue.stay.is_some();
-            let sent_at = Instant::now();
+            let next = unsure.acq.attempt(Instant::now(), &timing);
+            let queue = Queue {
+                stay: next.stay,
+                rejoin: next.rejoin,
+                fence,
+                by: next.by,
+            };
             let out = attempt(
                 &client,
                 &name,
@@ -407,73 +373,54 @@ impl LockRequest {
             .await;
             let ttl = match out {
                 Ok(Attempt::Held(guard)) => {
-                    unsure.pending = false;
                     if let Some(w) = waiter.as_mut() {
                         w.consumed();
                     }
-                    if queued_once {
+                    if unsure.acq.held(true) {
                         // A hand-off's grant message may still come.
                         claim.settle();
                     }
                     return Ok(acquired(&key, guard, started));
                 }
                 Ok(Attempt::Busy { ttl, queued }) => {
-                    seen_busy.store(true, Ordering::Relaxed);
                     if let Some(w) = waiter.as_mut() {
                         w.consumed();
                     }
-                    failures = 0;
-                    if let Some(q) = queued {
-                        queued_once = true;
-                        queued_at = Some((sent_at, q));
+                    match unsure.acq.busy(queued, Instant::now()) {
+                        AfterBusy::GiveUp => {
+                            let waited = started.elapsed();
+                            tracing::debug!(key = %key, waited_ms = waited.as_millis() as u64, "lock busy; giving up");
+                            return Err(LockError::Timeout { key, waited });
+                        }
+                        AfterBusy::Listen => ttl,
                     }
-                    // Queued: a release may yet hand it over, and if this
-                    // request ends first, `unsure` leaves the queue.
-                    unsure.pending = queued_once;
-                    ttl
                 }
                 Ok(Attempt::Late(e)) => {
-                    reached = true;
                     // Being taken back under this owner id: go on with a new
                     // one, which that release cannot touch.
-                    unsure.pending = false;
-                    (owner, waiter, queued_once, queued_at) = (new_owner(), None, false, None);
+                    unsure.acq.late(true);
+                    (owner, waiter) = (new_owner(), None);
                     claim = client.inner.claims.open(&owner);
                     unsure.owner = owner.clone();
-                    failures += 1;
-                    pause_or_give_up(&client, failures, give_up_at(reached), e)
+                    pause_or_give_up(&client, &unsure.acq, &timing, e)
                         .await
-                        .map_err(|e| gave_up(e, &key))?;
+                        .map_err(|e| gave_up(e, &unsure.acq, &key))?;
                     continue;
                 }
                 Err(e) if e.is_transient() => {
-                    // The attempt may have run: the next one (same owner) is
-                    // answered `Repeated` if it did, and if this request ends
-                    // first, `unsure` takes it back.
-                    queued_once |= may_queue;
-                    // (Refused now: down now, whatever an earlier attempt met.)
-                    reached = e.may_have_run();
-                    failures += 1;
+                    unsure.acq.failed(e.may_have_run());
                     tracing::debug!(key = %key, error = %e, "lock attempt failed; trying again");
-                    pause_or_give_up(&client, failures, give_up_at(reached), e)
+                    pause_or_give_up(&client, &unsure.acq, &timing, e)
                         .await
-                        .map_err(|e| gave_up(e, &key))?;
+                        .map_err(|e| gave_up(e, &unsure.acq, &key))?;
                     continue;
                 }
                 Err(e) => {
-                    // A refusal (bad data, a script error): nothing taken.
-                    unsure.pending = queued_once;
+                    unsure.acq.refused();
                     return Err(e.into());
                 }
             };
             let now = Instant::now();
-            if now >= deadline {
-                tracing::debug!(key = %key, waited_ms = (now - started).as_millis() as u64, "lock busy; giving up");
-                return Err(LockError::Timeout {
-                    key,
-                    waited: now - started,
-                });
-            }
             spans::waiting(&key, label, wait);
             // Futures joined in one body share their scope: if a scope-mate
             // took the key meanwhile, re-enter its hold.
@@ -489,14 +436,16 @@ impl LockRequest {
                 waiter = None;
                 // Listening costs no more than the wait has left; what
                 // then remains is one last attempt.
+                let acq = &unsure.acq;
                 let listen = async {
                     let (w, fresh) = client.subscribe(&name, &owner).await?;
                     // Listening afresh: a release between the attempt
                     // and the subscription could not reach this client.
-                    // A queued waiter checks it is still queued; one
-                    // that does not queue tries again.
-                    let waits =
-                        !fresh || client.still_waits(&name, &owner, queued_at.is_some()).await;
+                    let waits = match acq.listening(fresh) {
+                        Listening::Wait => true,
+                        Listening::AskQueued => client.still_queued(&name, &owner).await,
+                        Listening::AttemptAgain => false,
+                    };
                     Ok::<_, LockError>((w, waits))
                 };
                 let out = tokio::select! {
@@ -516,10 +465,9 @@ impl LockRequest {
                     None => continue,
                 }
             }
-            let now = Instant::now();
-            let jitter = cfg.retry_jitter.mul_f64(fastrand::f64());
-            let nap = (ttl.unwrap_or(lease).min(cfg.retry_delay) + jitter)
-                .min(deadline.saturating_duration_since(now));
+            let nap = unsure
+                .acq
+                .nap(ttl, lease, Instant::now(), fastrand::f64(), &timing);
             let mailbox = claim.mailbox();
             let released = async {
                 match waiter.as_mut() {
@@ -552,18 +500,14 @@ impl LockRequest {
             let Some(grant) = grant else {
                 continue;
             };
-            if is_stale(queued_at, grant.at) {
-                // Handed over before this owner queued again: the lock was
-                // lost since (it expired unrenewed, or the data was lost),
-                // and the attempt that queued again saw someone else hold it.
-                continue;
-            }
-            // Handed over by the holder's release: the lock is ours.
-            if client.inner.backend.grants_need_confirming() {
-                // The next attempt is answered `Repeated`, and confirms.
-                continue;
-            }
-            let from = lease_start(started, queued_at, grant.at);
+            // Handed over by the holder's release: the lock is ours, unless
+            // the grant is stale or must be confirmed by the next attempt
+            // (answered `Repeated`).
+            let confirming = client.inner.backend.grants_need_confirming();
+            let from = match unsure.acq.on_grant(grant.at, confirming) {
+                OnGrant::Stale | OnGrant::Confirm => continue,
+                OnGrant::Take { from } => from,
+            };
             match granted(
                 &client,
                 name.clone(),
@@ -580,18 +524,17 @@ impl LockRequest {
                 scope.clone(),
             ) {
                 Attempt::Held(guard) => {
-                    unsure.pending = false;
+                    unsure.acq.held(false);
                     return Ok(acquired(&key, guard, started));
                 }
                 Attempt::Late(e) => {
-                    unsure.pending = false;
-                    (owner, waiter, queued_once, queued_at) = (new_owner(), None, false, None);
+                    unsure.acq.late(false);
+                    (owner, waiter) = (new_owner(), None);
                     claim = client.inner.claims.open(&owner);
                     unsure.owner = owner.clone();
-                    failures += 1;
-                    pause_or_give_up(&client, failures, give_up_at(reached), e)
+                    pause_or_give_up(&client, &unsure.acq, &timing, e)
                         .await
-                        .map_err(|e| gave_up(e, &key))?;
+                        .map_err(|e| gave_up(e, &unsure.acq, &key))?;
                 }
                 Attempt::Busy { .. } => unreachable!("a grant is never busy"),
             }
@@ -671,7 +614,12 @@ fn granted(
     let inner = &client.inner;
     // The lease counts from the send: a grant that comes back after it
     // ran out may already be someone else's lock.
-    if granted_at.elapsed() + inner.backend.drift(lease) >= lease {
+    if Acquiring::too_late(
+        granted_at,
+        Instant::now(),
+        lease,
+        inner.backend.drift(lease),
+    ) {
         let err = Fault::timed_out(
             format!(
                 "acquiring lock `{}`: the grant came back after its lease had run out",
@@ -721,39 +669,6 @@ fn acquired(key: &str, guard: LockGuard, started: Instant) -> LockGuard {
     guard
 }
 
-/// A grant from before the last attempt that queued (on the same clock).
-fn is_stale(queued_at: Option<(Instant, Queued)>, at: Stamp) -> bool {
-    match (queued_at, at) {
-        (Some((_, Queued::At(q))), Stamp::ServerMs(g, _)) => g < q,
-        (Some((sent, Queued::Here)), Stamp::Local(t)) => t < sent,
-        _ => false,
-    }
-}
-
-/// Where a handed-over lease starts on this process's clock, never later
-/// than it did: the queuing attempt was sent at `sent` (local), and the
-/// backend's clock then read `queued`; the grant happened `at` on that same
-/// clock, and its message arrived no earlier. If the server's clock ran
-/// ahead of ours in between (a failover to another server, a clock step),
-/// the earliest possible start wins: the send.
-fn lease_start(started: Instant, queued_at: Option<(Instant, Queued)>, at: Stamp) -> Instant {
-    match (queued_at, at) {
-        (_, Stamp::Local(t)) => t,
-        (Some((sent, Queued::At(q))), Stamp::ServerMs(g, heard)) => {
-            let server = Duration::from_millis(g.saturating_sub(q));
-            if server > heard.saturating_duration_since(sent) {
-                sent
-            } else {
-                sent + server
-            }
-        }
-        (Some((sent, Queued::Here)), Stamp::ServerMs(..)) => sent,
-        // The attempt that queued got no answer: the earliest moment this
-        // request could have been granted.
-        (None, Stamp::ServerMs(..)) => started,
-    }
-}
-
 /// Re-enter `name` if the caller's scope holds it: a write hold serves
 /// reads and writes, a read hold only reads (`read`).
 fn reenter(
@@ -786,29 +701,22 @@ fn reenter(
     }
 }
 
-/// Pause before trying again after the `failures`-th failed attempt in a
-/// row, or give up with `e` if the pause would pass the deadline. The pause
-/// is 20 ms doubling, at most the retry delay, with some jitter so that
-/// clients cut off together do not come back together.
+/// Pause before trying again after a failed attempt, or give up with `e`
+/// if the pause would pass the point where the request gives up (see
+/// [`Acquiring::pause`]).
 async fn pause_or_give_up(
     client: &LockClient,
-    failures: u32,
-    deadline: Instant,
+    acq: &Acquiring<Instant>,
+    timing: &protocol::Timing,
     e: Fault,
 ) -> Result<(), Fault> {
-    let cap = client
-        .inner
-        .config
-        .retry_delay
-        .max(Duration::from_millis(1));
-    let base = Duration::from_millis(20) * (1u32 << failures.clamp(1, 7).saturating_sub(1));
-    let base = base.min(cap);
-    let pause = base + base.mul_f64(fastrand::f64() / 2.0);
-    if Instant::now() + pause >= deadline {
-        return Err(e);
+    match acq.pause(Instant::now(), fastrand::f64(), timing) {
+        Some(pause) => {
+            client.sleep(pause).await;
+            Ok(())
+        }
+        None => Err(e),
     }
-    client.sleep(pause).await;
-    Ok(())
 }
 
 /// An attempt whose outcome is unknown: if the request ends before a later
@@ -821,13 +729,14 @@ struct Unsure {
     client: LockClient,
     name: LockName,
     owner: Arc<str>,
-    /// An attempt of `owner` may have taken the lock unseen.
-    pending: bool,
+    /// The request's loop; its `pending` says an attempt of `owner` may
+    /// have taken the lock, or queued it, unseen.
+    acq: Acquiring<Instant>,
 }
 
 impl Drop for Unsure {
     fn drop(&mut self) {
-        if self.pending {
+        if self.acq.pending {
             self.client
                 .undo_sent_from(self.from, self.name.clone(), self.owner.clone());
         }
@@ -850,38 +759,5 @@ impl std::fmt::Debug for LockRequest {
             .field("lease", &self.lease)
             .field("wait", &self.wait)
             .finish()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_handed_over_lease_is_never_booked_later_than_it_started() {
-        let started = Instant::now();
-        let sent = started + Duration::from_millis(10);
-        let heard = sent + Duration::from_millis(500);
-        let queued = Some((sent, Queued::At(1_000)));
-        // Handed over 300 ms (server clock) after queuing: 300 ms after the
-        // send, which is no later than on the server.
-        assert_eq!(
-            lease_start(started, queued, Stamp::ServerMs(1_300, heard)),
-            sent + Duration::from_millis(300)
-        );
-        // The server's clock claims more time passed than could have here
-        // (another server, a clock step): the send.
-        assert_eq!(
-            lease_start(started, queued, Stamp::ServerMs(2_000, heard)),
-            sent
-        );
-        // The queuing attempt's answer was lost: the request's start.
-        assert_eq!(
-            lease_start(started, None, Stamp::ServerMs(1_300, heard)),
-            started
-        );
-        // A grant from before the latest queuing is stale.
-        assert!(is_stale(queued, Stamp::ServerMs(999, heard)));
-        assert!(!is_stale(queued, Stamp::ServerMs(1_000, heard)));
     }
 }

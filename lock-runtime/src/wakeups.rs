@@ -54,6 +54,9 @@ struct Slot {
     /// SUBSCRIBEs sent whose confirmation has not come back: a
     /// confirmation is not a resubscription after a reconnect.
     confirming: u32,
+    /// The server ended this subscription by itself (a Redis Cluster slot
+    /// moved to another node): its waiters must subscribe again.
+    dropped: bool,
 }
 
 impl Wakeups {
@@ -80,6 +83,7 @@ impl Wakeups {
             on: 0,
             orphaned: false,
             confirming: 0,
+            dropped: false,
         });
         slot.waiters += 1;
         let waiter = Waiter {
@@ -121,6 +125,21 @@ impl Wakeups {
             slot.ready = true;
             slot.on = on;
             slot.orphaned = false;
+            slot.dropped = false;
+        }
+    }
+
+    /// The server ended the subscription to `channel` by itself (its slot
+    /// moved to another node of a Redis Cluster): grants published from
+    /// now on reach nobody here, and releases skip these waiters. Every
+    /// waiter there subscribes again, where the slot now is, and checks
+    /// whether it was passed over meanwhile.
+    pub(crate) fn dropped_by_server(&self, channel: &str) {
+        if let Some(slot) = self.slots.lock().unwrap().get_mut(channel) {
+            slot.ready = false;
+            slot.dropped = true;
+            slot.wake.notify_waiters();
+            slot.wake.notify_one();
         }
     }
 
@@ -239,7 +258,7 @@ impl Wakeups {
             .lock()
             .unwrap()
             .get(channel)
-            .is_some_and(|s| s.orphaned)
+            .is_some_and(|s| s.orphaned || s.dropped)
     }
 
     /// Stop being where waiters listen: wake them all to go elsewhere.
@@ -349,8 +368,9 @@ impl Waiter {
     }
 
     /// Releases are no longer published where this waiter listens, or no
-    /// longer heard (the connection it was heard on went with its
-    /// runtime): it must subscribe again.
+    /// longer heard (the connection it was heard on went with its runtime,
+    /// or the server ended the subscription as the slot moved): it must
+    /// subscribe again.
     pub(crate) fn is_stale(&self) -> bool {
         self.registry.retired.load(Ordering::Acquire) || self.registry.orphaned(&self.channel)
     }

@@ -15,6 +15,7 @@ use tokio::time::Instant;
 
 use crate::backend::{Backend, Renewal, Renewed};
 use crate::io::Io;
+use crate::protocol::{Renewing, Tick, Verdict};
 
 /// Identifies one lock held by one owner.
 type EntryKey = (Arc<str>, Arc<str>);
@@ -47,11 +48,8 @@ struct Entry {
     /// What the next tick sends; its lease only grows (a nested holder may
     /// ask for a longer one).
     renewal: Renewal,
-    next_due: Instant,
-    /// The lease runs out here unless a renewal succeeds.
-    deadline: Instant,
-    /// `max_hold`: no renewal reaches past this, and the hold is lost here.
-    until: Option<Instant>,
+    /// When it falls due, when its lease runs out, its `max_hold`.
+    timing: Renewing<Instant>,
     lost: Arc<LostSignal>,
     /// (tick number, place in that tick's batch): matches the tick's
     /// outcomes back without a lookup per lock.
@@ -173,15 +171,10 @@ pub(crate) struct Left {
     pub(crate) was_lost: bool,
 }
 
-fn interval(lease: Duration) -> Duration {
-    (lease / 3).max(Duration::from_millis(1))
-}
-
 impl Entry {
     /// When the task must next look at this entry.
     fn due(&self) -> Instant {
-        let due = self.next_due.min(self.deadline);
-        self.until.map_or(due, |u| due.min(u))
+        self.timing.due()
     }
 }
 
@@ -222,7 +215,6 @@ impl Watchdog {
         drift: Duration,
         until: Option<Instant>,
     ) -> Held {
-        let valid = renewal.lease.saturating_sub(drift);
         let key: EntryKey = (renewal.name.hash.clone(), renewal.owner.clone());
         let lost = LostSignal::default();
         if let Some(u) = until {
@@ -234,9 +226,7 @@ impl Watchdog {
         }
         let entry = Entry {
             id: self.shared.next_id.fetch_add(1, Ordering::Relaxed),
-            next_due: granted_at + interval(renewal.lease),
-            deadline: granted_at + valid,
-            until,
+            timing: Renewing::start(granted_at, renewal.lease, drift, until),
             lost: Arc::new(lost),
             renewal,
             slot: (0, 0),
@@ -413,24 +403,23 @@ async fn tick(shared: &Shared, backend: &Backend) {
         let mut earliest = None::<Instant>;
         let mut ended = Vec::new();
         for (key, e) in entries.iter_mut() {
-            // `max_hold` reached: renewals stop, and the hold is over.
-            let left = e.until.map(|u| u.saturating_duration_since(now));
-            if left.is_some_and(|l| l < Duration::from_millis(1)) {
-                tracing::warn!(key = %e.renewal.name.key, "lock held for its max_hold: renewals stop and the hold ends");
-                e.lost.end(Ended::MaxHold);
-                ended.push(key.clone());
-                continue;
-            }
-            // Everything that would fall due before its next tick goes now.
-            if e.next_due <= now + interval(e.renewal.lease) || e.deadline <= now {
-                e.slot = (tick_no, batch.len() as u32);
-                let mut renewal = e.renewal.clone();
-                if let Some(left) = left {
-                    // The last renewals end the lease at `max_hold`.
-                    renewal.lease = renewal.lease.min(left);
+            match e.timing.tick(now, e.renewal.lease) {
+                // `max_hold` reached: renewals stop, and the hold is over.
+                Tick::MaxHold => {
+                    tracing::warn!(key = %e.renewal.name.key, "lock held for its max_hold: renewals stop and the hold ends");
+                    e.lost.end(Ended::MaxHold);
+                    ended.push(key.clone());
                 }
-                batch.push(renewal);
-                earliest = Some(earliest.map_or(e.deadline, |d: Instant| d.min(e.deadline)));
+                // Everything that would fall due before its next tick goes now.
+                Tick::Renew(lease) => {
+                    e.slot = (tick_no, batch.len() as u32);
+                    let mut renewal = e.renewal.clone();
+                    renewal.lease = lease;
+                    batch.push(renewal);
+                    let deadline = e.timing.deadline;
+                    earliest = Some(earliest.map_or(deadline, |d: Instant| d.min(deadline)));
+                }
+                Tick::NotYet => {}
             }
         }
         for key in ended {
@@ -463,36 +452,40 @@ async fn tick(shared: &Shared, backend: &Backend) {
             continue;
         }
         let i = entry.slot.1 as usize;
-        let iv = interval(entry.renewal.lease.min(leases[i]));
+        let sent = leases[i];
         let outcome = outcomes
             .get_mut(i)
             .map(|o| std::mem::replace(o, Renewed::Yes));
-        match outcome {
-            Some(Renewed::Yes) => {
-                let lease = leases[i];
-                entry.deadline = sent_at + lease.saturating_sub(backend.drift(lease));
-                entry.next_due = sent_at + interval(lease);
-            }
-            Some(Renewed::NotOwner) => {
+        let verdict = match &outcome {
+            Some(Renewed::Yes) => Verdict::Renewed,
+            Some(Renewed::NotOwner) => Verdict::NotOwner,
+            _ => Verdict::NoAnswer,
+        };
+        let lost = entry.timing.answered(
+            verdict,
+            (sent_at, sent),
+            entry.renewal.lease,
+            backend.drift(sent),
+            now,
+        );
+        match (&outcome, lost) {
+            (Some(Renewed::NotOwner), _) => {
                 tracing::warn!(key = %entry.renewal.name.key, "lock lost: Redis no longer has it for this holder");
-                entry.lost.set();
-                gone.push(key.clone());
             }
-            failed => {
-                if now >= entry.deadline {
-                    tracing::warn!(key = %entry.renewal.name.key, "lock lost: lease ran out while renewals failed");
-                    entry.lost.set();
-                    gone.push(key.clone());
-                } else {
-                    if let Some(Renewed::Failed(e)) = failed {
-                        tracing::debug!(key = %entry.renewal.name.key, error = %e, "lock renewal failed; retrying");
-                    } else {
-                        tracing::debug!(key = %entry.renewal.name.key, "lock renewal got no answer in time; retrying");
-                    }
-                    let left = entry.deadline - now;
-                    entry.next_due = now + (left / 4).clamp(Duration::from_millis(10), iv);
-                }
+            (_, true) => {
+                tracing::warn!(key = %entry.renewal.name.key, "lock lost: lease ran out while renewals failed");
             }
+            (Some(Renewed::Failed(e)), false) => {
+                tracing::debug!(key = %entry.renewal.name.key, error = %e, "lock renewal failed; retrying");
+            }
+            (None, false) => {
+                tracing::debug!(key = %entry.renewal.name.key, "lock renewal got no answer in time; retrying");
+            }
+            (Some(Renewed::Yes), false) => {}
+        }
+        if lost {
+            entry.lost.set();
+            gone.push(key.clone());
         }
     }
     for key in gone {
@@ -536,7 +529,7 @@ mod tests {
             lease: short,
         };
         let held = dog.insert(renewal.clone(), Instant::now(), Duration::ZERO, None);
-        tokio::time::advance(interval(short)).await;
+        tokio::time::advance(crate::protocol::interval(short)).await;
         let (shared, b) = (dog.shared.clone(), backend.clone());
         let ticking = tokio::spawn(async move { tick(&shared, &b).await });
         gate.sent.notified().await;
@@ -548,7 +541,7 @@ mod tests {
         let entries = dog.shared.entries.lock().unwrap();
         let entry = entries.values().next().unwrap();
         assert_eq!(
-            entry.deadline,
+            entry.timing.deadline,
             sent_at + short,
             "the deadline must follow the lease that was sent"
         );
@@ -556,6 +549,9 @@ mod tests {
             entry.renewal.lease, long,
             "the next tick sends the longer lease"
         );
-        assert_eq!(entry.next_due, sent_at + interval(short));
+        assert_eq!(
+            entry.timing.next_due,
+            sent_at + crate::protocol::interval(short)
+        );
     }
 }

@@ -340,100 +340,11 @@ async fn list_on_a_cluster_covers_every_primary() {
 /// library takes it; a wrong password is status 2, and never printed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_and_an_acl_user() {
-    let dir = std::env::temp_dir().join(unique("lockctl-tls"));
-    std::fs::create_dir_all(&dir).unwrap();
-    let openssl = |args: &[&str]| {
-        let out = Command::new("openssl")
-            .args(args)
-            .current_dir(&dir)
-            .output()
-            .expect("openssl must be installed");
-        assert!(
-            out.status.success(),
-            "openssl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    openssl(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=lockctl CA",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.crt",
-    ]);
-    openssl(&[
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-subj",
-        "/CN=localhost",
-        "-keyout",
-        "server.key",
-        "-out",
-        "server.csr",
-    ]);
-    std::fs::write(
-        dir.join("san.ext"),
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
-    )
-    .unwrap();
-    openssl(&[
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.crt",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-days",
-        "2",
-        "-extfile",
-        "san.ext",
-        "-out",
-        "server.crt",
-    ]);
-    let path = |f: &str| dir.join(f).display().to_string();
-    let tls_port = free_port();
-    let tls_port_s = tls_port.to_string();
-    let (cert, key, ca) = (path("server.crt"), path("server.key"), path("ca.crt"));
-    let _server = RedisServer::start_with(&[
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-        "--tls-port",
-        &tls_port_s,
-        "--tls-cert-file",
-        &cert,
-        "--tls-key-file",
-        &key,
-        "--tls-ca-cert-file",
-        &ca,
-        "--tls-auth-clients",
-        "no",
-        "--user",
-        "default",
-        "off",
-        "--user",
-        "ops",
-        "on",
-        ">ops-pw",
-        "~*",
-        "&*",
-        "+@all",
-    ]);
-    let url = format!("rediss://ops:ops-pw@127.0.0.1:{tls_port}");
+    use tests::tls::{tls_server, Certs, PASSWORD, USER};
+    let certs = Certs::make();
+    let (_server, tls_port) = tls_server(&certs);
+    let ca = certs.path("ca.crt");
+    let url = format!("rediss://{USER}:{PASSWORD}@127.0.0.1:{tls_port}");
     let client = LockClient::builder()
         .tls_root_ca(&std::fs::read(&ca).unwrap())
         .connect(&url)
@@ -444,10 +355,9 @@ async fn tls_and_an_acl_user() {
     let run = lockctl(Some(&url), &["--tls-ca", &ca, "--json", "show", &k]).await;
     assert_eq!(run.code, 0, "{run:?}");
     assert_shows(&run.one(), &g, 0);
-    let wrong = format!("rediss://ops:not-the-pw@127.0.0.1:{tls_port}");
+    let wrong = format!("rediss://{USER}:not-the-pw@127.0.0.1:{tls_port}");
     let run = lockctl(Some(&wrong), &["--tls-ca", &ca, "show", &k]).await;
     assert_eq!(run.code, 2, "{run:?}");
     assert!(!run.stderr.contains("not-the-pw"), "{run:?}");
     g.release().await.unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
 }

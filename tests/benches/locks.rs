@@ -1,22 +1,41 @@
 //! Side-by-side lock benchmarks: the Redis floor, our runtime (manual API and
-//! attribute), `rslock` and redis-py's `Lock`, all against `redis-server`s this
-//! bench starts itself, all in one run.
+//! attribute, fenced and unfenced), `rslock` and redis-py's `Lock`, all
+//! against `redis-server`s this bench starts itself, all in one run; and what
+//! a lock costs the server and the client (cases 9 and 10), on the main
+//! server (`LOCK_TEST_SERVER`, default `redis-server`) and on one of the
+//! other kind (`valkey-server` next to Redis) started in the same run.
 //!
 //! ```sh
 //! scripts/bench.sh                         # installs redis + redis-py, then:
 //! cargo bench -p tests --bench locks       # prints the tables, writes docs/BENCHMARKS.md
 //! LOCKBENCH_QUICK=1 cargo bench -p tests --bench locks   # a short smoke run (not written to docs)
+//! LOCKBENCH_ONLY=9,10 cargo bench -p tests --bench locks # some cases only (not written to docs)
 //! ```
+//!
+//! The unfenced rows (`client.lock(k).fence(false)`) switch on in
+//! `locks/unfenced.rs`.
 //!
 //! Every result is reported next to a baseline measured in the same run:
 //! the machine is shared and noisy, absolute numbers mean little.
 
+#[path = "locks/captured.rs"]
+mod captured;
+#[path = "locks/command_costs.rs"]
+mod command_costs;
+#[path = "locks/cost.rs"]
+mod cost;
 #[path = "locks/deployments.rs"]
 mod deployments;
+#[path = "locks/grant_tap.rs"]
+mod grant_tap;
 #[path = "locks/handoff.rs"]
 mod handoff;
+#[path = "locks/handoff_segments.rs"]
+mod handoff_segments;
 #[path = "locks/latency.rs"]
 mod latency;
+#[path = "locks/memory.rs"]
+mod memory;
 #[path = "locks/monitor.rs"]
 mod monitor;
 #[path = "locks/proxy.rs"]
@@ -29,10 +48,14 @@ mod read_heavy;
 mod redlock;
 #[path = "locks/report.rs"]
 mod report;
+#[path = "locks/servers.rs"]
+mod servers;
 #[path = "locks/stats.rs"]
 mod stats;
 #[path = "locks/throughput.rs"]
 mod throughput;
+#[path = "locks/unfenced.rs"]
+mod unfenced;
 #[path = "locks/watchdog.rs"]
 mod watchdog;
 
@@ -50,14 +73,17 @@ pub struct Ctx {
     pub rt: tokio::runtime::Runtime,
     pub workers: usize,
     pub server: RedisServer,
+    /// A server of the other kind (Valkey next to Redis), or why not.
+    pub other: Result<servers::OtherServer, String>,
     /// Our client on `server`; also the global client the attribute uses.
     pub ours: LockClient,
     pub rslock: rslock::LockManager,
     pub py: Option<python::Python>,
     pub quick: bool,
     pub only: Option<Vec<u32>>,
-    /// SHA1 of lock-runtime's acquire script.
-    pub acquire_sha: String,
+    /// What our client sends to take a free lock (`EVALSHA` of the
+    /// acquire script), replayed on fresh keys as the floor.
+    pub acquire: captured::Captured,
 }
 
 impl Ctx {
@@ -91,12 +117,10 @@ fn main() {
     let started = Instant::now();
     let date = report::now_utc();
     let py = python::Python::detect();
-    let machine = report::machine(py.as_ref().map(|p| p.describe.as_str()));
     println!(
         "# lock benchmarks{}\n",
         if quick { " (quick run)" } else { "" }
     );
-    println!("{machine}");
 
     let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -105,21 +129,31 @@ fn main() {
         .build()
         .expect("tokio runtime");
     let server = RedisServer::start();
-    let acquire_src = include_str!("../../lock-runtime/scripts/acquire.lua");
-    let acquire_sha: String = redis::cmd("SCRIPT")
-        .arg("LOAD")
-        .arg(acquire_src)
-        .query(&mut server.conn())
-        .expect("SCRIPT LOAD");
+    let other = servers::OtherServer::start();
     let ours = rt
         .block_on(LockClient::connect(&server.url()))
         .expect("connect our client");
+    let acquire = captured::Captured::acquire(&rt, &ours, server.port())
+        .expect("capture our client's acquire with MONITOR");
     lock_runtime::init(ours.clone()).expect("init the global client");
     let rslock = rslock::LockManager::new(vec![server.url()]);
+    let machine = report::machine(
+        py.as_ref().map(|p| p.describe.as_str()),
+        &match &other {
+            Ok(o) => format!(
+                "{} (`{}`, cases 9 and 10)",
+                o.describe,
+                servers::other_binary()
+            ),
+            Err(e) => format!("not available: {e}"),
+        },
+    );
+    println!("{machine}");
     let ctx = Ctx {
         rt,
         workers,
         server,
+        other,
         ours,
         rslock,
         py,
@@ -127,7 +161,7 @@ fn main() {
         only: std::env::var("LOCKBENCH_ONLY")
             .ok()
             .map(|s| s.split(',').filter_map(|x| x.trim().parse().ok()).collect()),
-        acquire_sha,
+        acquire,
     };
 
     let mut report = report::Report::default();
@@ -159,6 +193,14 @@ fn main() {
     if ctx.wants(8) {
         step("case 8: read-heavy, one hot key");
         read_heavy::run(&ctx, &mut report);
+    }
+    if ctx.wants(9) {
+        step("case 9: server and client CPU per lock, Redis and Valkey");
+        cost::run(&ctx, &mut report);
+    }
+    if ctx.wants(10) {
+        step("case 10: server memory per distinct lock name");
+        memory::run(&ctx, &mut report);
     }
     step("done");
 

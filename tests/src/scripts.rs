@@ -10,7 +10,7 @@ pub const COUNTER_TTL_MS: u64 = 24 * 3600 * 1000;
 pub const COUNTER: &str = "lock:fence";
 
 /// `acquire.lua` on `lock` (`lock:{key}`) for `owner`: `stay` '' (try once),
-/// '<ms>' (queue that long) or 'w<ms>' (Redlock mark); `flags` 'f' for a
+/// `'<ms>'` (queue that long) or `'w<ms>'` (Redlock mark); `flags` 'f' for a
 /// token, 'j' if an earlier send may have queued. The reply as numbers.
 pub fn acquire(
     conn: &mut redis::Connection,

@@ -362,6 +362,87 @@ async fn slot_migration_while_held_follows_ask_and_moved() {
     again.release().await.unwrap();
 }
 
+/// A release that hands the lock over while its slot starts moving (nothing
+/// moved yet): the script must not run halfway, telling the waiter it
+/// holds a lock whose value was never written. Every key the release and
+/// the waiters' attempts touch is declared, so a moving slot refuses the
+/// whole call (`TRYAGAIN`) until the migration is through; then the writer
+/// and the reader queued behind it are served in turn (their grant
+/// channels follow the slot), and no call fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_off_while_the_slot_moves_is_whole_or_waits() {
+    use tests::cluster::key_slot;
+    tests::init_tracing();
+    let cluster = Cluster::start(3, 0, 2000);
+    let connect = || async {
+        builder()
+            .op_timeout(Duration::from_secs(5))
+            .retry_delay(Duration::from_secs(30))
+            .cluster(cluster.urls())
+            .await
+            .unwrap()
+    };
+    let (holder, writer, reader) = (connect().await, connect().await, connect().await);
+    let key = unique("moving-hand-off");
+    let slot = key_slot(&format!("lock:{{{key}}}"));
+    let held = holder.lock(&key).await.unwrap();
+    let w = tokio::spawn({
+        let (c, k) = (writer.clone(), key.clone());
+        async move { c.lock(&k).wait(Duration::from_secs(30)).await }
+    });
+    assert!(tests::eventually(Duration::from_secs(5), || writer.waiting_here(&key) == 1).await);
+    let r = tokio::spawn({
+        let (c, k) = (reader.clone(), key.clone());
+        async move { c.read_lock(&k).wait(Duration::from_secs(30)).await }
+    });
+    assert!(tests::eventually(Duration::from_secs(5), || reader.waiting_here(&key) == 1).await);
+    let from = cluster.slot_owner(slot);
+    let to = (from + 1) % cluster.nodes.len();
+    cluster.begin_migration(slot, from, to);
+    let releasing = tokio::spawn(async move { held.release().await });
+    // The release meets the moving slot and waits; nobody is told anything.
+    let try_agains = || cluster.try_again_errors(from) + cluster.try_again_errors(to);
+    assert!(
+        tests::eventually(Duration::from_secs(5), || try_agains() > 0).await,
+        "the release never met the migration"
+    );
+    assert!(
+        !w.is_finished(),
+        "the writer was told it holds the lock mid-migration"
+    );
+    cluster.finish_migration(slot, from, to);
+    let moved = Instant::now();
+    releasing
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("the release failed with the migration: {e:?}"));
+    let g = w
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("the writer's wait failed: {e:?}"));
+    assert_eq!(
+        cluster.nodes[to]
+            .try_get(&format!("lock:{{{key}}}"))
+            .map(|v| tests::owner_in(&v).to_owned()),
+        Some(g.holder().to_owned()),
+        "the writer was handed a lock Redis does not hold for it"
+    );
+    g.release().await.unwrap();
+    let rg = r
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("the reader's wait failed: {e:?}"));
+    rg.release().await.unwrap();
+    // The waiters followed their grant channels to the slot's new node (the
+    // server ended their subscriptions there): neither waited for its
+    // 30-s fallback retry.
+    assert!(
+        moved.elapsed() < Duration::from_secs(15),
+        "the waiters were served {:?} after the migration",
+        moved.elapsed()
+    );
+}
+
 /// Ports in a `CLUSTER SLOTS` reply: every node serving a range.
 fn slot_ports(reply: &redis::Value) -> Vec<u16> {
     let redis::Value::Array(ranges) = reply else {

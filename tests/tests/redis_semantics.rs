@@ -411,3 +411,46 @@ async fn lost_replies_on_the_bare_paths_neither_double_nor_leak() {
     }
     assert_eq!(proxy.replies_lost(), 4);
 }
+
+/// A server whose own compare-and-delete this client may not run (an ACL
+/// that allows scripts only; a node rolled back to a version without it):
+/// the release falls back to the script, and the client stops trying the
+/// native command. Where the server has none, the script is all it uses.
+#[tokio::test]
+async fn a_refused_native_release_falls_back_to_the_script() {
+    let server = tests::RedisServer::start();
+    let native: Vec<redis::Value> = server.cmd(&["COMMAND", "INFO", "DELIFEQ", "DELEX"]);
+    let deny: Vec<String> = ["delifeq", "delex"]
+        .iter()
+        .zip(&native)
+        .filter(|(_, info)| !matches!(info, redis::Value::Nil))
+        .map(|(c, _)| format!("-{c}"))
+        .collect();
+    let mut acl = vec!["ACL", "SETUSER", "app", "on", ">pw", "~*", "&*", "+@all"];
+    acl.extend(deny.iter().map(String::as_str));
+    let _: () = server.cmd(&acl);
+    let url = format!("redis://app:pw@127.0.0.1:{}", server.port());
+    let client = LockClient::connect(&url).await.unwrap();
+    for i in 0..3 {
+        let key = unique("refused-native");
+        let g = client.lock(&key).await.unwrap();
+        g.release()
+            .await
+            .unwrap_or_else(|e| panic!("release {i} failed: {e}"));
+        assert!(
+            !server.exists(&format!("lock:{{{key}}}")),
+            "release {i} left the lock"
+        );
+    }
+    let refused: String = server.cmd(&["INFO", "errorstats"]);
+    let noperm = refused
+        .lines()
+        .find_map(|l| l.strip_prefix("errorstat_NOPERM:count="))
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or(0);
+    assert_eq!(
+        noperm,
+        u64::from(!deny.is_empty()),
+        "the native release is tried once where the server has it, then never again"
+    );
+}

@@ -122,6 +122,17 @@ impl ShardSubscriber {
                         }
                     }
                 }
+                // Ours go only for channels nobody waits on; one the server
+                // ends by itself (its slot moved) has waiters to move.
+                PushKind::SUnsubscribe => {
+                    if let Some(Value::BulkString(ch)) = info.data.first() {
+                        if let Ok(ch) = std::str::from_utf8(ch) {
+                            if pushed.waiters(ch) > 0 {
+                                pushed.dropped_by_server(ch);
+                            }
+                        }
+                    }
+                }
                 _ => {}
             }
             Ok::<(), ()>(())

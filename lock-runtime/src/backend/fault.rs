@@ -112,10 +112,18 @@ pub(crate) fn connection_broke(e: &redis::RedisError) -> bool {
         || e.kind() == redis::ErrorKind::ClusterConnectionNotFound
 }
 
+/// A script met a key of its slot that a migration already moved (Redis
+/// checks every key a script touches against the slot's move): like
+/// `TRYAGAIN`, it passes once the migration is through.
+pub(crate) fn slot_moving(e: &redis::RedisError) -> bool {
+    e.to_string().contains("non local key")
+}
+
 /// A Redis error that a later try may not see.
 fn transient(e: &redis::RedisError) -> bool {
     use redis::{ErrorKind, ServerErrorKind};
-    connection_broke(e)
+    slot_moving(e)
+        || connection_broke(e)
         || e.is_timeout()
         || matches!(
             e.kind(),

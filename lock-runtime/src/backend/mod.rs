@@ -46,14 +46,7 @@ pub(crate) enum Acquired {
     },
 }
 
-/// A busy attempt that joined the lock's queue.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Queued {
-    /// At this server time (ms).
-    At(u64),
-    /// In this process (memory): grants carry no clock.
-    Here,
-}
+pub(crate) use crate::protocol::Queued;
 
 /// What a busy attempt does besides saying so.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -73,6 +73,7 @@ fn resend(e: &Fault) -> bool {
     match e {
         Fault::Redis { source: e, .. } => {
             super::fault::connection_broke(e)
+                || super::fault::slot_moving(e)
                 || e.is_timeout()
                 || matches!(
                     e.kind(),
@@ -129,6 +130,9 @@ pub(crate) struct RedisNode {
     /// `<prefix>fence`, the token counter of one server, made once for the
     /// prefix it was last asked for.
     counter: Arc<std::sync::OnceLock<(Arc<str>, Arc<str>)>>,
+    /// The server refused the native delete once (a downgrade, an ACL
+    /// that allows scripts only, a cluster half upgraded): scripts only.
+    native_refused: Arc<std::sync::atomic::AtomicBool>,
 }
 
 #[derive(Clone)]
@@ -238,6 +242,7 @@ impl RedisNode {
             settings,
             native_delete: None,
             counter: Arc::default(),
+            native_refused: Arc::default(),
         };
         node.load_scripts().await?;
         node.native_delete = node.find_native_delete().await;
@@ -300,6 +305,7 @@ impl RedisNode {
             settings,
             native_delete: None,
             counter: Arc::default(),
+            native_refused: Arc::default(),
         }
     }
 
@@ -618,6 +624,20 @@ impl RedisNode {
         std::borrow::Cow::Owned(name.counter(self.is_cluster()))
     }
 
+    /// The KEYS of `acquire.lua` and `release.lua`: the lock and its slot's
+    /// counter; on a Cluster also the lock's queue, waiters and readers, so
+    /// that a slot on the move refuses the whole call before it runs
+    /// (`TRYAGAIN`) instead of stopping it at a key that already moved.
+    fn script_keys<'a>(&'a self, name: &'a LockName) -> Vec<std::borrow::Cow<'a, str>> {
+        let mut keys = vec![std::borrow::Cow::Borrowed(&*name.hash), self.counter(name)];
+        if self.is_cluster() {
+            keys.extend(
+                [name.queue(), name.waiters(), name.readers()].map(std::borrow::Cow::Owned),
+            );
+        }
+        keys
+    }
+
     /// Take the lock for `owner`. `floor`: the lowest token to hand out
     /// (default: the server's clock in microseconds). `queue`: what a busy
     /// attempt does (Redlock nodes never queue; they mark the lock so that
@@ -669,8 +689,8 @@ impl RedisNode {
             (Some(stay), true) => Arg::Num(millis(stay)),
         };
         let ttl = Arg::Num(millis(self.settings.fence_ttl));
-        let counter = self.counter(name);
-        let keys = [&*name.hash, &*counter];
+        let keys = self.script_keys(name);
+        let keys: Vec<&str> = keys.iter().map(|k| &**k).collect();
         let sent = std::sync::atomic::AtomicBool::new(false);
         let reply: Value = self
             .retrying_by(queue.by, |limit| {
@@ -757,10 +777,11 @@ impl RedisNode {
     ) -> Result<(i64, bool), Fault> {
         let flags = self.release_flags(wake, forced);
         let ttl = millis(self.settings.fence_ttl);
-        let counter = self.counter(name);
+        let keys = self.script_keys(name);
+        let keys: Vec<&str> = keys.iter().map(|k| &**k).collect();
         self.eval_noting_repeats(
             &scripts::RELEASE,
-            &[&name.hash, &counter],
+            &keys,
             &[Arg::Str(owner), Arg::Str(flags), Arg::Num(ttl)],
         )
         .await
@@ -805,7 +826,10 @@ impl RedisNode {
         owner: &str,
         fence: u64,
     ) -> Result<Released, Fault> {
-        if let Some(native) = self.native_delete {
+        let refused = self
+            .native_refused
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if let Some(native) = self.native_delete.filter(|_| !refused) {
             let mut cmd = Cmd::with_capacity(4, name.hash.len() + owner.len() + 40);
             cmd.arg(native.command()).arg(&*name.hash);
             if native == NativeDelete::DelEx {
@@ -829,7 +853,19 @@ impl RedisNode {
                         }
                         out
                     })
-                    .await?;
+                    .await;
+                let d = match d {
+                    Ok(d) => d,
+                    // Refused by the server: never again here; the script
+                    // releases (it found nothing deleted).
+                    Err(e) if !e.is_transient() => {
+                        tracing::warn!(redis = %self.addr, error = %e, "the server refused its own compare-and-delete; releasing by script from now on");
+                        self.native_refused
+                            .store(true, std::sync::atomic::Ordering::Relaxed);
+                        return self.release(name, owner, Wake::IfReleased).await;
+                    }
+                    Err(e) => return Err(e),
+                };
                 (d, ran.load(std::sync::atomic::Ordering::Relaxed))
             };
             if deleted == 1 {

@@ -343,26 +343,7 @@ impl Shared {
                 s.node().await?.release(name, owner, Wake::Always).await
             })
             .await;
-        let count = |r: Released| {
-            answers
-                .iter()
-                .filter(|a| a.as_ref().ok() == Some(&r))
-                .count()
-        };
-        let (freed, not_owner) = (count(Released::Freed), count(Released::NotOwner));
-        let n = self.slots.len();
-        match verdict(n, self.quorum, freed, not_owner) {
-            Verdict::Majority => return Ok(Released::Freed),
-            // Too few nodes could still have it: not held by a majority.
-            Verdict::Impossible => return Ok(Released::NotOwner),
-            Verdict::Unknown => {}
-        }
-        Err(Fault::other(format!(
-            "Redlock: releasing lock `{}`: confirmed by {freed} of {n} nodes, {} needed: {}",
-            name.key,
-            self.quorum,
-            self.failures(&answers)
-        )))
+        self.released_by_majority(&answers, name, "releasing")
     }
 
     /// Leave the lock to expire `left` from now on every node (min_hold).
@@ -372,22 +353,34 @@ impl Shared {
                 s.node().await?.keep(name, owner, left).await
             })
             .await;
+        self.released_by_majority(&answers, name, "leaving to its min_hold")
+    }
+
+    /// What a release (or keep) on every node comes to: done where a
+    /// majority did it, not ours where too few nodes could still have it,
+    /// else unknown (`doing` says what, for the error).
+    fn released_by_majority(
+        &self,
+        answers: &[Answer<Released>],
+        name: &LockName,
+        doing: &str,
+    ) -> Result<Released, Fault> {
         let count = |r: Released| {
             answers
                 .iter()
                 .filter(|a| a.as_ref().ok() == Some(&r))
                 .count()
         };
-        let (kept, not_owner) = (count(Released::Freed), count(Released::NotOwner));
+        let (done, not_owner) = (count(Released::Freed), count(Released::NotOwner));
         let n = self.slots.len();
-        match verdict(n, self.quorum, kept, not_owner) {
+        match verdict(n, self.quorum, done, not_owner) {
             Verdict::Majority => Ok(Released::Freed),
             Verdict::Impossible => Ok(Released::NotOwner),
             Verdict::Unknown => Err(Fault::other(format!(
-                "Redlock: leaving lock `{}` to its min_hold: confirmed by {kept} of {n} nodes, {} needed: {}",
+                "Redlock: {doing} lock `{}`: confirmed by {done} of {n} nodes, {} needed: {}",
                 name.key,
                 self.quorum,
-                self.failures(&answers)
+                self.failures(answers)
             ))),
         }
     }

@@ -12,20 +12,39 @@ use std::time::{Duration, Instant};
 use lock_runtime::LockClient;
 use tokio::sync::watch;
 
+use crate::grant_tap::{wall_ns, GrantTap, Taps};
+use crate::handoff_segments::{report_segments, Event};
 use crate::monitor::CommandStats;
 use crate::python;
 use crate::report::Report;
 use crate::stats::{fmt_ns, fmt_opt, Samples};
+use crate::unfenced::{self, unfenced};
 use crate::Ctx;
 
 const TASKS: usize = 16;
 /// Our tasks and rslock's are spread over this many clients (lock managers),
 /// `TASKS / CLIENTS` each: task `i` uses client `i % CLIENTS`.
-const CLIENTS: usize = 4;
+pub const CLIENTS: usize = 4;
 const HOLD: Duration = Duration::from_millis(1);
 
 /// Releases the lock it was made from.
 type Release = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// A lock taken: who holds it (its owner id in Redis; empty where the
+/// contender does not say) and the future that releases it.
+struct Held {
+    holder: String,
+    release: Release,
+}
+
+impl Held {
+    fn anonymous(release: Release) -> Held {
+        Held {
+            holder: String::new(),
+            release,
+        }
+    }
+}
 
 struct Shared {
     epoch: Instant,
@@ -36,6 +55,17 @@ struct Shared {
     samples: Mutex<Samples>,
     holds: Mutex<Samples>,
     waits: Mutex<Samples>,
+    /// Traced runs: every event with its holder.
+    trace: Option<Mutex<Vec<(Event, String, u64)>>>,
+}
+
+impl Shared {
+    fn stamp(&self, event: Event, holder: &str) {
+        if let Some(t) = &self.trace {
+            let at = wall_ns();
+            t.lock().unwrap().push((event, holder.to_owned(), at));
+        }
+    }
 }
 
 /// What one contender's run measured.
@@ -46,15 +76,17 @@ struct Contended {
     holds: Samples,
     /// One per acquisition: the task asking to its body starting.
     waits: Samples,
+    /// Traced runs: the events, in no particular order.
+    trace: Vec<(Event, String, u64)>,
 }
 
 /// Run `TASKS` tasks against one lock until `window` is over (tasks still
 /// waiting then get their turn and stop). `acquire(i)`, for task `i`, waits
 /// for the lock and returns the future that releases it.
-async fn contend<A, Fut>(window: Duration, acquire: A) -> Contended
+async fn contend<A, Fut>(window: Duration, trace: bool, acquire: A) -> Contended
 where
     A: Fn(usize) -> Fut + Clone + Send + Sync + 'static,
-    Fut: Future<Output = Release> + Send,
+    Fut: Future<Output = Held> + Send,
 {
     let shared = Arc::new(Shared {
         epoch: Instant::now(),
@@ -63,6 +95,7 @@ where
         samples: Mutex::new(Samples::default()),
         holds: Mutex::new(Samples::default()),
         waits: Mutex::new(Samples::default()),
+        trace: trace.then(|| Mutex::new(Vec::with_capacity(1 << 16))),
     });
     let deadline = tokio::time::Instant::now() + window;
     let mut handles = Vec::new();
@@ -72,8 +105,9 @@ where
             let mut seen = shared.generation.subscribe();
             while tokio::time::Instant::now() < deadline {
                 let asked = shared.epoch.elapsed().as_nanos() as u64;
-                let release = acquire(task).await;
+                let held = acquire(task).await;
                 let started = shared.epoch.elapsed().as_nanos() as u64;
+                shared.stamp(Event::Body, &held.holder);
                 shared
                     .waits
                     .lock()
@@ -92,7 +126,9 @@ where
                 let at = shared.epoch.elapsed().as_nanos() as u64;
                 shared.holds.lock().unwrap().push_ns(at - started);
                 shared.released_at.store(at, Ordering::SeqCst);
-                release.await;
+                shared.stamp(Event::Call, &held.holder);
+                held.release.await;
+                shared.stamp(Event::Reply, &held.holder);
                 // Back of the queue: ask again once someone else has had it.
                 tokio::select! {
                     _ = seen.wait_for(|g| *g > mine) => {}
@@ -109,18 +145,73 @@ where
         handoffs: shared.samples.into_inner().unwrap(),
         holds: shared.holds.into_inner().unwrap(),
         waits: shared.waits.into_inner().unwrap(),
+        trace: shared
+            .trace
+            .map(|t| t.into_inner().unwrap())
+            .unwrap_or_default(),
     }
+}
+
+/// The keys of the traced runs: with the bench's subscriber only, and with
+/// `MONITOR` as well.
+const TRACED_KEY: &str = "c4:traced";
+const MONITORED_KEY: &str = "c4:monitored";
+
+/// Ours: task `i` waits on `key` through client `i % CLIENTS`, fenced or not.
+fn ours_on(
+    clients: &Arc<Vec<LockClient>>,
+    key: &'static str,
+    bare: bool,
+) -> impl Fn(usize) -> Pin<Box<dyn Future<Output = Held> + Send>> + Clone + Send + Sync + 'static {
+    let clients = clients.clone();
+    move |task| {
+        let request = clients[task % CLIENTS]
+            .lock(key)
+            .wait(Duration::from_secs(60));
+        let request = if bare {
+            unfenced(request).expect("unfenced locks in this build")
+        } else {
+            request
+        };
+        Box::pin(async move {
+            let guard = request.await.expect("lock");
+            Held {
+                holder: guard.holder().to_owned(),
+                release: Box::pin(async move { guard.release().await.expect("release") }),
+            }
+        })
+    }
+}
+
+/// `contend` on `key`, stamping every release and body, with the grants
+/// watched from outside (`GrantTap`; with `MONITOR` if `monitor`).
+fn traced<A, Fut>(
+    ctx: &Ctx,
+    window: Duration,
+    key: &str,
+    monitor: bool,
+    acquire: A,
+) -> Result<(Contended, Taps), String>
+where
+    A: Fn(usize) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Held> + Send,
+{
+    let prefix = format!("lock:{{{key}}}:granted:");
+    let tap = GrantTap::start(ctx.server.port(), &prefix, monitor).map_err(|e| e.to_string())?;
+    let run = ctx.rt.block_on(contend(window, true, acquire));
+    let taps = tap.finish().map_err(|e| e.to_string())?;
+    Ok((run, taps))
 }
 
 /// `contend`, with `INFO commandstats` read just before and just after it.
 fn counted<A, Fut>(ctx: &Ctx, window: Duration, acquire: A) -> (Contended, CommandStats)
 where
     A: Fn(usize) -> Fut + Clone + Send + Sync + 'static,
-    Fut: Future<Output = Release> + Send,
+    Fut: Future<Output = Held> + Send,
 {
     let mut admin = ctx.server.conn();
     let before = CommandStats::read(&mut admin);
-    let run = ctx.rt.block_on(contend(window, acquire));
+    let run = ctx.rt.block_on(contend(window, false, acquire));
     let after = CommandStats::read(&mut admin);
     (run, after.since(&before))
 }
@@ -194,27 +285,39 @@ pub fn run(ctx: &Ctx, report: &mut Report) {
         }
         clients
     }));
-    let (run, stats) = counted(ctx, fast, {
-        let clients = clients.clone();
-        move |task| {
-            let client = clients[task % CLIENTS].clone();
-            async move {
-                let guard = client
-                    .lock("c4:ours")
-                    .wait(Duration::from_secs(60))
-                    .await
-                    .expect("lock");
-                Box::pin(async move { guard.release().await.expect("release") }) as Release
-            }
-        }
-    });
-    drop(clients);
+    let wakeup = "queue in Redis; the release hands the lock over with one pub/sub message to the waiter's client (fallback retry ≤ 1 s + 0–50 ms jitter)";
+    let (run, stats) = counted(ctx, fast, ours_on(&clients, "c4:ours", false));
     rows.push(Row {
         name: "ours".into(),
-        wakeup: "queue in Redis; the release hands the lock over with one pub/sub message to the waiter's client (fallback retry ≤ 1 s + 0–50 ms jitter)".into(),
+        wakeup: wakeup.into(),
         run,
         stats: Some(stats),
     });
+    let bare_row = unfenced::available(&ctx.ours).then(|| {
+        let (run, stats) = counted(ctx, fast, ours_on(&clients, "c4:bare", true));
+        Row {
+            name: "ours, `fence(false)`".into(),
+            wakeup: wakeup.into(),
+            run,
+            stats: Some(stats),
+        }
+    });
+    // The same again, watched from outside: where a hand-off's time goes.
+    let subscribed = traced(
+        ctx,
+        fast,
+        TRACED_KEY,
+        false,
+        ours_on(&clients, TRACED_KEY, false),
+    );
+    let monitored = traced(
+        ctx,
+        fast,
+        MONITORED_KEY,
+        true,
+        ours_on(&clients, MONITORED_KEY, false),
+    );
+    drop(clients);
 
     // rslock: 4 lock managers (one connection each), warmed the same way.
     let managers: Arc<Vec<rslock::LockManager>> = Arc::new(ctx.rt.block_on(async {
@@ -240,7 +343,7 @@ pub fn run(ctx: &Ctx, report: &mut Report) {
                     .acquire("c4:rslock", Duration::from_secs(30))
                     .await
                     .expect("rslock acquire");
-                Box::pin(guard.release()) as Release
+                Held::anonymous(Box::pin(guard.release()))
             }
         }
     });
@@ -277,6 +380,7 @@ pub fn run(ctx: &Ctx, report: &mut Report) {
                         handoffs: python::samples(&v, "samples_ns"),
                         holds: python::samples(&v, "holds_ns"),
                         waits: python::samples(&v, "waits_ns"),
+                        trace: Vec::new(),
                     },
                     stats,
                 })
@@ -341,8 +445,12 @@ pub fn run(ctx: &Ctx, report: &mut Report) {
     );
     let ours_p50 = rows[0].run.handoffs.p50().unwrap_or(0) as f64;
     let ours_p99 = rows[0].run.handoffs.p99().unwrap_or(0) as f64;
-    let table: Vec<Vec<String>> = rows
-        .iter()
+    let mut shown: Vec<&Row> = rows.iter().collect();
+    if let Some(b) = &bare_row {
+        shown.insert(1, b);
+    }
+    let table: Vec<Vec<String>> = shown
+        .into_iter()
         .map(|r| {
             let x = |a: Option<u64>, b: f64| {
                 a.map_or("n/a".into(), |a| format!("{:.0}×", a as f64 / b.max(1.0)))
@@ -394,6 +502,18 @@ pub fn run(ctx: &Ctx, report: &mut Report) {
     } else if ctx.py.is_none() {
         report.para("redis-py: not installed.");
     }
+    if bare_row.is_none() {
+        report.para(&format!("Unfenced row: {}.", unfenced::MISSING));
+    }
+    report_segments(
+        report,
+        subscribed
+            .as_ref()
+            .map(|(run, taps)| (&run.trace[..], taps)),
+        monitored.as_ref().map(|(run, taps)| (&run.trace[..], taps)),
+        rows[0].run.handoffs.p50(),
+        fast,
+    );
 
     let ours = &rows[0];
     let scripts = ours.scripts_per_acquisition();
@@ -410,8 +530,8 @@ pub fn run(ctx: &Ctx, report: &mut Report) {
         scripts.map(|v| v <= 2.0),
     );
     for (label, value, limit) in [
-        ("p50 ≤ 0.25 ms", ours.run.handoffs.p50(), 250_000),
-        ("p99 ≤ 0.6 ms", ours.run.handoffs.p99(), 600_000),
+        ("p50 ≤ 0.15 ms", ours.run.handoffs.p50(), 150_000),
+        ("p99 ≤ 0.4 ms", ours.run.handoffs.p99(), 400_000),
     ] {
         report.target(
             "4",

@@ -6,10 +6,12 @@ use std::time::{Duration, Instant};
 use lock_runtime::{distributed_lock, LockError};
 use redis::aio::ConnectionManager;
 
+use crate::captured::Captured;
 use crate::monitor::{self, RoundTrips};
 use crate::python;
 use crate::report::Report;
 use crate::stats::{fmt_opt, ratio, Samples};
+use crate::unfenced::{self, unfenced};
 use crate::Ctx;
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -42,26 +44,19 @@ pub async fn ping(conn: &ConnectionManager) {
     let _: String = redis::cmd("PING").query_async(&mut c).await.expect("PING");
 }
 
-/// EVALSHA of our acquire script on a fresh key, as the runtime sends it.
-pub async fn evalsha_acquire(conn: &ConnectionManager, sha: &str, tag: &str, i: u64) {
+/// Our client's acquire on a fresh key, exactly as the runtime sends it
+/// (captured once with `MONITOR`: `EVALSHA` of the acquire script).
+pub async fn evalsha_acquire(conn: &ConnectionManager, acquire: &Captured, tag: &str, i: u64) {
     let mut c = conn.clone();
-    let hash = format!("lock:{{{tag}:{i}}}");
-    let (flag, _fence): (i64, i64) = redis::cmd("EVALSHA")
-        .arg(sha)
-        .arg(4)
-        .arg(&hash)
-        .arg(format!("{hash}:fence"))
-        .arg(format!("{hash}:queue"))
-        .arg(format!("{hash}:waiters"))
-        .arg("floor-owner:1")
-        .arg(LEASE.as_millis() as u64)
-        .arg("")
-        .arg("")
-        .arg("")
+    let reply: redis::Value = acquire
+        .cmd_for(&format!("{tag}:{i}"))
         .query_async(&mut c)
         .await
-        .expect("EVALSHA acquire");
-    assert_eq!(flag, 1, "floor EVALSHA hit a held key");
+        .expect("floor acquire");
+    assert!(
+        Captured::took(&reply),
+        "floor acquire hit a held key: {reply:?}"
+    );
 }
 
 pub async fn ours_manual(ctx: &Ctx, tag: &str, i: u64) {
@@ -72,6 +67,17 @@ pub async fn ours_manual(ctx: &Ctx, tag: &str, i: u64) {
         .await
         .expect("lock");
     guard.release().await.expect("release");
+}
+
+/// The same without a fencing token; `false` where this build has no
+/// unfenced lock.
+pub async fn ours_unfenced(ctx: &Ctx, tag: &str, i: u64) -> bool {
+    let Some(request) = unfenced(ctx.ours.lock(format!("{tag}:{i}")).lease(LEASE)) else {
+        return false;
+    };
+    let guard = request.await.expect("unfenced lock");
+    guard.release().await.expect("release");
+    true
 }
 
 pub async fn rslock_cycle(mgr: &rslock::LockManager, tag: &str, i: u64) {
@@ -92,7 +98,7 @@ pub struct Floor {
 
 /// Floor samples taken on a fresh current-thread runtime on its own thread.
 fn floor_current_thread(ctx: &Ctx, first: u64, n: usize, warm: usize) -> (Samples, Samples) {
-    let (port, sha) = (ctx.server.port(), ctx.acquire_sha.clone());
+    let (port, acquire) = (ctx.server.port(), ctx.acquire.clone());
     let connect = ctx.floor_conn_config();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -105,9 +111,12 @@ fn floor_current_thread(ctx: &Ctx, first: u64, n: usize, warm: usize) -> (Sample
                 .await
                 .expect("floor connection");
             time_each(0, warm, |_| ping(&conn)).await;
-            time_each(first, warm, |i| evalsha_acquire(&conn, &sha, "c1ctwarm", i)).await;
+            time_each(first, warm, |i| {
+                evalsha_acquire(&conn, &acquire, "c1ctwarm", i)
+            })
+            .await;
             let p = time_each(first, n, |_| ping(&conn)).await;
-            let e = time_each(first, n, |i| evalsha_acquire(&conn, &sha, "c1ct", i)).await;
+            let e = time_each(first, n, |i| evalsha_acquire(&conn, &acquire, "c1ct", i)).await;
             (p, e)
         })
     })
@@ -123,7 +132,7 @@ pub fn run(ctx: &Ctx, report: &mut Report) -> Floor {
     };
     let count_n: u64 = if ctx.quick { 50 } else { 200 };
     let conn = ctx.rt.block_on(ctx.floor_conn(ctx.server.port()));
-    let sha = ctx.acquire_sha.as_str();
+    let sha = &ctx.acquire;
     let macro_locks = ctx.rt.block_on(empty_body(u64::MAX)).unwrap_or(false);
 
     let mut floor = Floor {
@@ -138,12 +147,20 @@ pub fn run(ctx: &Ctx, report: &mut Report) -> Floor {
         Samples::default(),
         Samples::default(),
     );
+    let has_unfenced = unfenced::available(&ctx.ours);
+    let mut bare = Samples::default();
     let mut py_err = None;
     // Warm every path once (connections, script caches, branch predictors).
     ctx.rt.block_on(async {
         time_each(0, warm, |_| ping(&conn)).await;
         time_each(0, warm, |i| evalsha_acquire(&conn, sha, "c1warm", i)).await;
         time_each(0, warm, |i| ours_manual(ctx, "c2warm:manual", i)).await;
+        if has_unfenced {
+            time_each(0, warm, |i| async move {
+                ours_unfenced(ctx, "c2warm:bare", i).await;
+            })
+            .await;
+        }
         time_each(0, warm, |i| async move {
             empty_body(1_000_000_000 + i).await.expect("attribute");
         })
@@ -174,6 +191,14 @@ pub fn run(ctx: &Ctx, report: &mut Report) -> Floor {
             .await;
             attr_rounds.push(a.clone());
             attr.append(a);
+            if has_unfenced {
+                bare.append(
+                    time_each(first, per, |i| async move {
+                        ours_unfenced(ctx, "c2:bare", i).await;
+                    })
+                    .await,
+                );
+            }
             rs.append(time_each(first, per, |i| rslock_cycle(&ctx.rslock, "c2:rslock", i)).await);
         });
         if let Some(p) = &ctx.py {
@@ -206,6 +231,17 @@ pub fn run(ctx: &Ctx, report: &mut Report) -> Floor {
         }));
         Ok(())
     });
+    let rt_bare = has_unfenced
+        .then(|| {
+            count(false, &mut |_| {
+                ctx.rt
+                    .block_on(time_each(0, count_n as usize, |i| async move {
+                        ours_unfenced(ctx, "c2count:bare", i).await;
+                    }));
+                Ok(())
+            })
+        })
+        .flatten();
     let rt_attr = count(false, &mut |_| {
         ctx.rt
             .block_on(time_each(0, count_n as usize, |i| async move {
@@ -239,12 +275,14 @@ pub fn run(ctx: &Ctx, report: &mut Report) -> Floor {
     report.heading("Case 1 — the floor: raw round trips with the `redis` crate");
     report.para(&format!(
         "One task, `redis::aio::ConnectionManager` configured as the runtime configures its own, {} samples each in \
-         {rounds} rounds interleaved with case 2. `EVALSHA acquire` runs our acquire script on a fresh key (what an \
-         uncontended lock sends). Two placements: the caller on the bench's multi-thread runtime (where the lock \
+         {rounds} rounds interleaved with case 2. `EVALSHA acquire` sends, on a fresh key, the command our client \
+         sends to take a free lock ({} of the acquire script, captured once with `MONITOR` and replayed with \
+         the key replaced). Two placements: the caller on the bench's multi-thread runtime (where the lock \
          contenders run), and a current-thread runtime on a thread of its own, where the caller and the \
          connection's driver share one thread (like the runtime's I/O thread). The lower EVALSHA p50 of the two is \
          the floor that case 2 is held to.",
-        floor.ping.len()
+        floor.ping.len(),
+        ctx.acquire.name()
     ));
     report.table(
         &["op", "caller", "p50", "p99"],
@@ -327,6 +365,23 @@ pub fn run(ctx: &Ctx, report: &mut Report) -> Floor {
             &rt_manual,
             true,
         ),
+        if has_unfenced {
+            row(
+                "ours, unfenced (`client.lock(k).fence(false)`)",
+                &bare,
+                &rt_bare,
+                true,
+            )
+        } else {
+            vec![
+                "ours, unfenced (`fence(false)`)".into(),
+                unfenced::MISSING.into(),
+                "".into(),
+                "".into(),
+                "".into(),
+                "".into(),
+            ]
+        },
         row(
             "ours, `#[distributed_lock]` on an empty body",
             &attr,

@@ -251,3 +251,57 @@ pub fn count(
         commandstats,
     })
 }
+
+/// One `MONITOR` line: `+1700000000.123456 [0 127.0.0.1:5555] "set" "k" "v"`.
+pub struct Line {
+    /// When the server ran it, in ns since the Unix epoch (its clock, µs).
+    pub at_ns: u64,
+    /// Run by a script (`[0 lua]`).
+    pub in_script: bool,
+    /// The command and its arguments, unquoted.
+    pub args: Vec<String>,
+}
+
+/// Parse a `MONITOR` line (arguments are quoted as `sdscatrepr` quotes them).
+pub fn parse_line(line: &str) -> Option<Line> {
+    let line = line.trim_end().strip_prefix('+')?;
+    let (ts, rest) = line.split_once(' ')?;
+    let (secs, micros) = ts.split_once('.')?;
+    let at_ns = secs.parse::<u64>().ok()? * 1_000_000_000 + micros.parse::<u64>().ok()? * 1000;
+    let (source, rest) = rest.split_once("] ")?;
+    let mut args = Vec::new();
+    let mut chars = rest.chars();
+    loop {
+        match chars.next() {
+            None => break,
+            Some(' ') => continue,
+            Some('"') => {}
+            Some(_) => return None,
+        }
+        let mut arg = String::new();
+        loop {
+            match chars.next()? {
+                '"' => break,
+                '\\' => match chars.next()? {
+                    'n' => arg.push('\n'),
+                    'r' => arg.push('\r'),
+                    't' => arg.push('\t'),
+                    'a' => arg.push('\x07'),
+                    'b' => arg.push('\x08'),
+                    'x' => {
+                        let hex: String = [chars.next()?, chars.next()?].iter().collect();
+                        arg.push(char::from(u8::from_str_radix(&hex, 16).ok()?));
+                    }
+                    c => arg.push(c),
+                },
+                c => arg.push(c),
+            }
+        }
+        args.push(arg);
+    }
+    Some(Line {
+        at_ns,
+        in_script: source.ends_with("lua"),
+        args,
+    })
+}

@@ -208,7 +208,7 @@ pub fn run(ctx: &Ctx, report: &mut Report) {
     if let (Some(x), Some(y), Some(b50), Some(d50)) = (a50, c50, b.p50(), d.p50()) {
         report.why(format!(
             "ours takes {} longer than rslock across {MASTERS} masters, and {} longer on one master ({}): \
-             each node runs our acquire script (the fencing token: `TIME`, `SET fence GET`) where rslock sends \
+             each node runs our acquire script (which hands out the fencing token) where rslock sends \
              `SET NX PX`, and here {MASTERS} servers and their proxies share 2 cores, so the nodes' script \
              time adds up. What would meet it: a per-node acquire as cheap as `SET NX PX`, which a fencing \
              token that survives a majority rules out.",

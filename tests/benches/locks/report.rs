@@ -139,7 +139,7 @@ pub fn locked_version(name: &str) -> String {
         .to_owned()
 }
 
-pub fn machine(python: Option<&str>) -> String {
+pub fn machine(python: Option<&str>, second_server: &str) -> String {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let cpu = cpuinfo
         .lines()
@@ -174,6 +174,7 @@ pub fn machine(python: Option<&str>) -> String {
          | kernel | {kernel} |\n\
          | load average at start (1/5/15 min) | {} |\n\
          | Redis | {redis} |\n\
+         | second server | {second_server} |\n\
          | rustc | {rustc} |\n\
          | crates | lock-runtime (this repo), redis {}, rslock {}, tokio {} |\n\
          | Python contender | {} |\n",

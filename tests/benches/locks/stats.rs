@@ -188,3 +188,17 @@ pub fn thread_cpu(tid: u32) -> Duration {
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
     Duration::from_nanos((ticks(14) + ticks(15)) * 1_000_000_000 / hz)
 }
+
+/// CPU time (user + system) this whole process has used: every thread of
+/// the bench, the clients' I/O threads included (`getrusage(RUSAGE_SELF)`;
+/// the servers and the Python contender are other processes).
+pub fn process_cpu() -> Duration {
+    // SAFETY: getrusage writes only into the struct it is given.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: RUSAGE_SELF with a valid pointer has no other precondition.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+        return Duration::ZERO;
+    }
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}

@@ -7,34 +7,33 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::captured::Captured;
+use crate::command_costs::CommandCosts;
 use crate::latency::{empty_body, rslock_cycle};
 use crate::report::Report;
-use crate::stats::fmt_count;
+use crate::servers;
+use crate::stats::{fmt_count, process_cpu};
+use crate::unfenced::{self, unfenced};
 use crate::Ctx;
 
 const TASKS: usize = 64;
 
 /// Seconds of CPU the Redis server has used (`INFO cpu`: user + system).
 fn redis_cpu(port: u16) -> f64 {
-    let info: String = redis::Client::open(format!("redis://127.0.0.1:{port}"))
-        .and_then(|c| c.get_connection())
-        .and_then(|mut c| redis::cmd("INFO").arg("cpu").query(&mut c))
-        .unwrap_or_default();
-    info.lines()
-        .filter_map(|l| {
-            l.strip_prefix("used_cpu_user:")
-                .or_else(|| l.strip_prefix("used_cpu_sys:"))
-        })
-        .filter_map(|v| v.trim().parse::<f64>().ok())
-        .sum()
+    servers::server_cpu(&mut servers::conn(port))
 }
 
 /// What one contender did in its window.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub(crate) struct Window {
     pub(crate) per_sec: f64,
     /// Redis CPU seconds per cycle.
     pub(crate) redis_cpu: f64,
+    /// This process's CPU seconds per cycle (`getrusage`).
+    pub(crate) client_cpu: f64,
+    pub(crate) cycles: u64,
+    /// `INFO commandstats` over the window.
+    pub(crate) costs: CommandCosts,
 }
 
 /// Cycles per second of `TASKS` tasks running `op(task, k)` back to back,
@@ -59,17 +58,13 @@ where
         }));
     }
     tokio::time::sleep(warm).await;
-    let (c0, t0, cpu0) = (
-        done.load(Ordering::Relaxed),
-        Instant::now(),
-        redis_cpu(port),
-    );
+    let cpu0 = redis_cpu(port);
+    let costs0 = CommandCosts::read(&mut servers::conn(port));
+    let (c0, t0, p0) = (done.load(Ordering::Relaxed), Instant::now(), process_cpu());
     tokio::time::sleep(window).await;
-    let (c1, t1, cpu1) = (
-        done.load(Ordering::Relaxed),
-        Instant::now(),
-        redis_cpu(port),
-    );
+    let (c1, t1, p1) = (done.load(Ordering::Relaxed), Instant::now(), process_cpu());
+    let costs1 = CommandCosts::read(&mut servers::conn(port));
+    let cpu1 = redis_cpu(port);
     stop.store(true, Ordering::Relaxed);
     for h in handles {
         h.await.expect("throughput task panicked");
@@ -77,12 +72,16 @@ where
     Window {
         per_sec: (c1 - c0) as f64 / (t1 - t0).as_secs_f64(),
         redis_cpu: (cpu1 - cpu0) / (c1 - c0).max(1) as f64,
+        client_cpu: p1.saturating_sub(p0).as_secs_f64() / (c1 - c0).max(1) as f64,
+        cycles: c1 - c0,
+        costs: costs1.since(&costs0),
     }
 }
 
-/// `redis-benchmark` EVALSHA of our acquire script on random fresh keys,
-/// `TASKS` connections: requests per second.
-fn redis_benchmark(port: u16, sha: &str, requests: u64) -> Result<f64, String> {
+/// `redis-benchmark` of our client's acquire (`EVALSHA` of the acquire
+/// script, as captured) on random fresh keys, `TASKS` connections: requests
+/// per second.
+fn redis_benchmark(port: u16, acquire: &Captured, requests: u64) -> Result<f64, String> {
     let out = Command::new("redis-benchmark")
         .args([
             "-h",
@@ -93,26 +92,16 @@ fn redis_benchmark(port: u16, sha: &str, requests: u64) -> Result<f64, String> {
             &TASKS.to_string(),
         ])
         .args(["-n", &requests.to_string(), "-r", "100000000", "--csv"])
-        .args([
-            "EVALSHA",
-            sha,
-            "4",
-            "lock:{rb:__rand_int__}",
-            "lock:{rb:__rand_int__}:fence",
-            "lock:{rb:__rand_int__}:queue",
-            "lock:{rb:__rand_int__}:waiters",
-            "rb-owner:1",
-            "30000",
-            "",
-            "",
-            "",
-        ])
+        .args(acquire.args_for("rb:__rand_int__"))
         .output()
         .map_err(|e| format!("cannot run redis-benchmark (apt-get install redis-tools): {e}"))?;
     let text = String::from_utf8_lossy(&out.stdout);
     // "test","rps",… then "EVALSHA …","84245.99",…
     text.lines()
-        .filter(|l| l.starts_with("\"EVALSHA"))
+        .filter(|l| {
+            l.to_uppercase()
+                .starts_with(&format!("\"{}", acquire.name()))
+        })
         .find_map(|l| {
             l.split("\",\"")
                 .nth(1)?
@@ -138,10 +127,12 @@ pub fn run(ctx: &Ctx, report: &mut Report) {
     let mut ceiling = Vec::new();
     let mut bench_err = None;
     let (mut manual, mut attr, mut rs, mut py) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let has_unfenced = unfenced::available(&ctx.ours);
+    let mut bare = Vec::new();
     let mut py_err = None;
     let attr_ok = ctx.rt.block_on(empty_body(u64::MAX - 1)).unwrap_or(false);
     for r in 0..rounds {
-        match redis_benchmark(port, &ctx.acquire_sha, bench_requests) {
+        match redis_benchmark(port, &ctx.acquire, bench_requests) {
             Ok(x) => ceiling.push(x),
             Err(e) => bench_err = Some(e),
         }
@@ -156,6 +147,17 @@ pub fn run(ctx: &Ctx, report: &mut Report) {
                 guard.release().await.expect("release");
             }
         })));
+        if has_unfenced {
+            let ours = ctx.ours.clone();
+            bare.push(ctx.rt.block_on(run_tasks(port, warm, window, move |t, k| {
+                let request = unfenced(ours.lock(format!("c3:bare:{r}:{t}:{k}")));
+                async move {
+                    let request = request.expect("unfenced locks in this build");
+                    let guard = request.await.expect("lock");
+                    guard.release().await.expect("release");
+                }
+            })));
+        }
         if attr_ok {
             attr.push(
                 ctx.rt
@@ -199,22 +201,40 @@ pub fn run(ctx: &Ctx, report: &mut Report) {
     let mean = |v: &[f64]| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
     let rate = |v: &[Window]| v.iter().map(|w| w.per_sec).collect::<Vec<f64>>();
     let cpu_us = |v: &[Window]| mean(&v.iter().map(|w| w.redis_cpu * 1e6).collect::<Vec<f64>>());
-    let (manual_cpu, attr_cpu, rs_cpu) = (cpu_us(&manual), cpu_us(&attr), cpu_us(&rs));
-    let (manual, attr, rs) = (rate(&manual), rate(&attr), rate(&rs));
+    let client_us =
+        |v: &[Window]| mean(&v.iter().map(|w| w.client_cpu * 1e6).collect::<Vec<f64>>());
+    let (manual_cpu, attr_cpu, rs_cpu, bare_cpu) =
+        (cpu_us(&manual), cpu_us(&attr), cpu_us(&rs), cpu_us(&bare));
+    let (manual_client, attr_client, rs_client, bare_client) = (
+        client_us(&manual),
+        client_us(&attr),
+        client_us(&rs),
+        client_us(&bare),
+    );
+    // What each cycle ran, in the first round.
+    let commands = |v: &[Window]| {
+        v.first()
+            .map_or("n/a".into(), |w| w.costs.per_cycle(w.cycles))
+    };
+    let (manual_commands, rs_commands) = (commands(&manual), commands(&rs));
+    let (manual, attr, rs, bare) = (rate(&manual), rate(&attr), rate(&rs), rate(&bare));
     let ceil = mean(&ceiling);
     let half = ceil.map(|c| c / 2.0);
     let rs_rate = mean(&rs);
-    let row = |name: &str, v: &[f64], cpu: Option<f64>| -> Vec<String> {
+    let us = |c: Option<f64>| c.map_or_else(|| "n/a".into(), |c| format!("{c:.1} µs"));
+    let row = |name: &str, v: &[f64], cpu: Option<f64>, client: Option<f64>| -> Vec<String> {
         match mean(v) {
             Some(x) => vec![
                 name.into(),
                 fmt_count(x),
                 half.map_or_else(|| "n/a".into(), |h| format!("{:.0} %", 100.0 * x / h)),
                 rs_rate.map_or_else(|| "n/a".into(), |r| format!("{:.2}×", x / r)),
-                cpu.map_or_else(|| "n/a".into(), |c| format!("{c:.1} µs")),
+                us(cpu),
+                us(client),
             ],
             None => vec![
                 name.into(),
+                "n/a".into(),
                 "n/a".into(),
                 "n/a".into(),
                 "n/a".into(),
@@ -242,6 +262,7 @@ pub fn run(ctx: &Ctx, report: &mut Report) {
                 "200 %".into(),
                 "—".into(),
                 "—".into(),
+                "—".into(),
             ],
             (None, e) => vec![
                 format!("redis-benchmark: {}", e.clone().unwrap_or_default()),
@@ -249,38 +270,48 @@ pub fn run(ctx: &Ctx, report: &mut Report) {
                 "n/a".into(),
                 "—".into(),
                 "—".into(),
+                "—".into(),
             ],
         },
-        row("ours, manual API", &manual, manual_cpu),
-        if attr_ok {
-            row("ours, `#[distributed_lock]` empty body", &attr, attr_cpu)
+        row("ours, manual API", &manual, manual_cpu, manual_client),
+        if has_unfenced {
+            row(
+                "ours, unfenced (`fence(false)`)",
+                &bare,
+                bare_cpu,
+                bare_client,
+            )
         } else {
-            vec![
-                "ours, `#[distributed_lock]` (does not lock yet)".into(),
-                "n/a".into(),
-                "n/a".into(),
-                "n/a".into(),
-                "n/a".into(),
-            ]
+            let mut r = vec![
+                "ours, unfenced (`fence(false)`)".into(),
+                unfenced::MISSING.into(),
+            ];
+            r.extend(std::iter::repeat_n(String::new(), 4));
+            r
         },
-        row("rslock", &rs, rs_cpu),
+        if attr_ok {
+            row(
+                "ours, `#[distributed_lock]` empty body",
+                &attr,
+                attr_cpu,
+                attr_client,
+            )
+        } else {
+            let mut r = vec!["ours, `#[distributed_lock]` (does not lock yet)".to_owned()];
+            r.extend(std::iter::repeat_n("n/a".to_owned(), 5));
+            r
+        },
+        row("rslock", &rs, rs_cpu, rs_client),
     ];
+    let na = |name: String| {
+        let mut r = vec![name];
+        r.extend(std::iter::repeat_n("n/a".to_owned(), 5));
+        r
+    };
     match (&ctx.py, &py_err) {
-        (Some(p), None) => rows.push(row(&p.describe, &py, None)),
-        (_, Some(e)) => rows.push(vec![
-            format!("redis-py: {e}"),
-            "n/a".into(),
-            "n/a".into(),
-            "n/a".into(),
-            "n/a".into(),
-        ]),
-        (None, None) => rows.push(vec![
-            "redis-py: not installed".into(),
-            "n/a".into(),
-            "n/a".into(),
-            "n/a".into(),
-            "n/a".into(),
-        ]),
+        (Some(p), None) => rows.push(row(&p.describe, &py, None, None)),
+        (_, Some(e)) => rows.push(na(format!("redis-py: {e}"))),
+        (None, None) => rows.push(na("redis-py: not installed".into())),
     }
     report.table(
         &[
@@ -289,13 +320,17 @@ pub fn run(ctx: &Ctx, report: &mut Report) {
             "of EVALSHA ceiling ÷ 2",
             "÷ rslock",
             "Redis CPU / cycle",
+            "client CPU / cycle",
         ],
         &rows,
     );
     report.para(
         "Redis CPU / cycle: the server's user + system CPU time (`INFO cpu`) over the contender's window, divided by \
          the cycles in it. The contenders share this machine's cores with the server, so where the server is busy \
-         most of the window this column, not the client, sets the throughput.",
+         most of the window this column, not the client, sets the throughput. Client CPU / cycle: this bench \
+         process's user + system CPU (`getrusage(RUSAGE_SELF)`) over the same window ÷ cycles (the Rust contenders \
+         run one at a time; redis-py is another process, not counted). Case 9 has both on Redis and Valkey, \
+         fenced and unfenced, fresh and reused keys, with the commands behind them.",
     );
     let ours = mean(&manual);
     report.target(
@@ -332,14 +367,11 @@ pub fn run(ctx: &Ctx, report: &mut Report) {
         report.why(format!(
             "the client and Redis share this machine's 2 cores, and Redis does the larger share of the work: \
              it was busy {:.0} % of a core during ours and {:.0} % during rslock's run, \
-             and spent {oc:.1} µs of CPU per cycle on ours against {rc:.1} µs on rslock's ({:.2}×): ours runs \
-             two scripts with 7 commands per cycle (the fencing token needs `TIME` and `SET fence GET`, the \
-             release checks for queued waiters), rslock runs `SET NX PX` and one script with `GET` + `DEL`, \
-             and hands out no token. At rslock's Redis CPU per cycle ours would reach about {} cycles/s \
-             ({:.2}× rslock). What would meet it: Redis work per cycle at rslock's level, which the fencing \
-             counter rules out on Redis 7 (a server-side compare-and-delete such as Valkey 9's `DELIFEQ` \
-             would take the release script off the uncontended path), or spreading keys over more Redis \
-             cores (Cluster).",
+             and spent {oc:.1} µs of CPU per cycle on ours against {rc:.1} µs on rslock's ({:.2}×). Per \
+             cycle, ours ran {manual_commands}; rslock ran {rs_commands} (calls × µs per call, `INFO \
+             commandstats`). At rslock's Redis CPU per cycle ours would reach about {} cycles/s ({:.2}× \
+             rslock). What would meet it: Redis work per cycle at rslock's level (case 9 has it fenced and \
+             unfenced, on Redis and Valkey), or spreading keys over more Redis cores (Cluster).",
             100.0 * o * oc / 1e6,
             100.0 * r * rc / 1e6,
             oc / rc,

@@ -1,0 +1,123 @@
+//! How the runtime calls the scripts (`lock-runtime/src/backend/node.rs`,
+//! one Redis server): the KEYS and ARGV of every call the model's server
+//! makes, in one place. A script whose arguments or keys change changes
+//! here, and only here.
+
+use crate::host::Script;
+
+/// The key prefix (`Config::prefix`).
+const PREFIX: &str = "lock:";
+
+/// One script call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Call {
+    pub script: Script,
+    pub keys: Vec<String>,
+    pub args: Vec<String>,
+}
+
+/// The names of lock `k`, as `key.rs` makes them: the lock, the token
+/// counter (one per server: `LockName::counter(false)`), the queue, the
+/// waiters and the readers.
+pub fn names(k: u8) -> [String; 5] {
+    let h = format!("{PREFIX}{{k{k}}}");
+    [
+        h.clone(),
+        format!("{PREFIX}fence"),
+        format!("{h}:queue"),
+        format!("{h}:waiters"),
+        format!("{h}:readers"),
+    ]
+}
+
+/// The grant channel of client `c` on lock `k` (`LockName::grant_channel`).
+pub fn grant_channel(k: u8, c: u8) -> String {
+    format!("{}:granted:c{c}", names(k)[0])
+}
+
+/// The owner id split after its first `:` (`node.rs::owner_parts`).
+fn owner_parts(owner: &str) -> (String, String) {
+    let (front, rest) = owner.split_at(owner.find(':').map_or(0, |i| i + 1));
+    (front.to_string(), rest.to_string())
+}
+
+/// `RedisNode::acquire` on one server, fenced (no Redlock floor): `stay`
+/// in ms if the attempt queues when busy, `rejoin` if an earlier send may
+/// have queued it (`j`), `fence_ttl` in ms. `before_fixes`: race 3's
+/// switch (`Defects::acquire_before_fixes`).
+pub fn acquire(
+    k: u8,
+    owner: &str,
+    lease: u64,
+    (stay, rejoin): (Option<u64>, bool),
+    fence_ttl: u64,
+    before_fixes: bool,
+) -> Call {
+    let n = names(k);
+    Call {
+        script: if before_fixes {
+            Script::AcquireBeforeFixes
+        } else {
+            Script::Acquire
+        },
+        keys: vec![n[0].clone(), n[1].clone()],
+        args: vec![
+            owner.to_string(),
+            lease.to_string(),
+            stay.map_or(String::new(), |s| s.to_string()),
+            if rejoin { "fj" } else { "f" }.to_string(),
+            fence_ttl.to_string(),
+        ],
+    }
+}
+
+/// `RedisNode::release` on one server (`Wake::IfReleased`, `PUBLISH`, not
+/// forced).
+pub fn release(k: u8, owner: &str, fence_ttl: u64) -> Call {
+    let n = names(k);
+    Call {
+        script: Script::Release,
+        keys: vec![n[0].clone(), n[1].clone()],
+        args: vec![owner.to_string(), "r".into(), fence_ttl.to_string()],
+    }
+}
+
+/// `RedisNode::renew_one`: a writer's through `renew.lua`, a reader's
+/// through `renew_read.lua`.
+pub fn renew(k: u8, owner: &str, read: bool, lease: u64) -> Call {
+    let n = names(k);
+    let (front, rest) = owner_parts(owner);
+    let args = vec![lease.to_string(), front, rest];
+    let (script, keys) = if read {
+        (Script::RenewRead, vec![n[0].clone(), n[4].clone()])
+    } else {
+        (Script::Renew, vec![n[0].clone()])
+    };
+    Call { script, keys, args }
+}
+
+/// `RedisNode::keep`: the release of a hold with `left` ms of `min_hold`.
+pub fn keep(k: u8, owner: &str, left: u64) -> Call {
+    let n = names(k);
+    Call {
+        script: Script::Keep,
+        keys: vec![n[0].clone(), n[4].clone()],
+        args: vec![owner.to_string(), left.to_string()],
+    }
+}
+
+/// `RedisNode::still_queued`: its pipeline, one command each (`HEXISTS`,
+/// `GET`, `ZSCORE`).
+pub fn still_queued(k: u8, owner: &str) -> [Call; 3] {
+    let n = names(k);
+    let one = |args: &[&str]| Call {
+        script: Script::Command,
+        keys: vec![],
+        args: args.iter().map(|a| a.to_string()).collect(),
+    };
+    [
+        one(&["HEXISTS", &n[3], owner]),
+        one(&["GET", &n[0]]),
+        one(&["ZSCORE", &n[4], owner]),
+    ]
+}

@@ -1,0 +1,63 @@
+//! Switches that each restore one known defect of the protocol (the four
+//! races of delayed and repeated replies, fixed since), so that a test can
+//! show the checker finds it with the switch on and nothing with it off.
+//!
+//! Client-side defects switch what the runtime's decisions are fed, or the
+//! world's plumbing (which connection a command takes, which script a
+//! release calls). The one script-side defect runs today's `acquire.lua`
+//! with its fix taken out again ([`RACE_3_FIX`]): the scripts' layout has
+//! changed since the fix, so a copy of the script from before it could not
+//! run beside today's others.
+
+/// Which old behaviours the model restores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Defects {
+    /// Race 1: a grant belongs to its request only while the request is
+    /// registered as a waiter, not from before its first send: a grant that
+    /// arrives while a re-sent attempt is in flight is released as an
+    /// orphan. (The runtime routes by `claims.rs`'s live requests; this
+    /// feeds `protocol::route` the old answer.)
+    pub orphan_ignores_inflight: bool,
+    /// Race 2: Sentinel with `replica_acks`: the undo of an unsure attempt
+    /// goes on the main connection, while the attempt went on the acks
+    /// connection, and can run before it. (The runtime's `Backend::undo`
+    /// follows the attempt.)
+    pub undo_on_main: bool,
+    /// Race 3: `acquire.lua` without its fix ([`RACE_3_FIX`]): only the
+    /// client's rejoin flag says an earlier send may have queued the owner,
+    /// so a queuing attempt repeated by a transport without it can take the
+    /// lock and leave its queue entry behind.
+    pub acquire_before_fixes: bool,
+    /// Race 4: a `min_hold` release through `renew.lua` (a compare-and-
+    /// expire, as `guard.rs::keep` did before `keep.lua`): a renewal re-sent
+    /// after it restores the full lease.
+    pub keep_by_renewal: bool,
+}
+
+impl Defects {
+    /// The code as it is: every known defect fixed.
+    pub const TODAY: Defects = Defects {
+        orphan_ignores_inflight: false,
+        undo_on_main: false,
+        acquire_before_fixes: false,
+        keep_by_renewal: false,
+    };
+
+    /// The code before the fixes: every known defect present.
+    pub const BEFORE_FIXES: Defects = Defects {
+        orphan_ignores_inflight: true,
+        undo_on_main: true,
+        acquire_before_fixes: true,
+        keep_by_renewal: true,
+    };
+}
+
+/// Race 3's fix as it stands in `lock-runtime/scripts/acquire.lua`, and the
+/// line it replaced: a queuing attempt is checked for an earlier send
+/// whatever the client's rejoin flag (`j`) says. The switch puts the old
+/// line back; if the fix's line changes, the host says so when it loads the
+/// scripts, and this pair must follow.
+pub const RACE_3_FIX: (&str, &str) = (
+    "local may_be_queued = stay ~= '' or string.find(ARGV[4], 'j', 1, true) ~= nil",
+    "local may_be_queued = string.find(ARGV[4], 'j', 1, true) ~= nil",
+);

@@ -1,0 +1,376 @@
+//! One lock request between its start and its guard: what each attempt
+//! asks for, what each answer means, when to pause, listen or give up, and
+//! what is left to take back if the request ends now.
+//!
+//! `request.rs` runs this loop with the network, the wake-ups and the
+//! timers; each method here is one of its steps, with `now` passed in.
+
+use std::time::Duration;
+
+use super::handoff::{is_stale, lease_start, Queued, Stamp};
+use super::Moment;
+
+/// The client's retry timing (its `Config`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Timing {
+    /// A waiter asks again at least this often.
+    pub retry_delay: Duration,
+    /// At most this much random delay on top of a nap.
+    pub retry_jitter: Duration,
+    /// How long one command may take.
+    pub op_timeout: Duration,
+}
+
+/// The state of one request's acquire loop: the locals it keeps between
+/// awaits, and the deadlines its wait sets.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Acquiring<I> {
+    /// When the request started.
+    pub started: I,
+    /// When its wait runs out: nothing but one last attempt starts after.
+    pub deadline: I,
+    /// A server that refuses every connection ends the call here: within
+    /// two operation timeouts (one for a call that tries once), however
+    /// long its wait.
+    unreachable_end: I,
+    /// No attempt sent before the server ever answered runs past this.
+    attempt_end: I,
+    /// Failed attempts in a row (the pause doubles with each).
+    pub failures: u32,
+    /// An attempt of this owner may have joined the lock's queue.
+    pub queued_once: bool,
+    /// The last attempt that joined the queue: when it was sent, and the
+    /// backend's clock then. A grant's lease is counted from there.
+    pub queued_at: Option<(I, Queued)>,
+    /// The lock was seen held by another: a wait that runs out is a
+    /// `Timeout`, whatever failed last.
+    pub seen_busy: bool,
+    /// An attempt reached the server (it may have run there).
+    pub reached: bool,
+    /// An attempt of this owner may have taken the lock, or left it queued,
+    /// unseen: a request that ends now must take it back (undo).
+    pub pending: bool,
+    /// The attempt in flight may queue.
+    may_queue: bool,
+    /// When the attempt in flight was sent.
+    pub sent_at: I,
+}
+
+/// What the next attempt asks the backend for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Outgoing<I> {
+    /// If busy, stay queued this long (renewed by every later attempt, so
+    /// a waiter that died loses its place soon after); `None`: try once.
+    pub stay: Option<Duration>,
+    /// An earlier attempt of this owner may have queued it: a grant taken
+    /// directly must leave the queue too.
+    pub rejoin: bool,
+    /// The server has not answered this request yet: the attempt ends by
+    /// then, whatever it costs (see [`Acquiring`]'s deadlines).
+    pub by: Option<I>,
+}
+
+/// What a busy answer leads to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AfterBusy {
+    /// The wait is over: `Timeout`.
+    GiveUp,
+    /// Listen for a release (or a grant), then try again.
+    Listen,
+}
+
+/// What a freshly made subscription leads to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Listening {
+    /// Listening already, or no news missed: wait for a grant or the nap.
+    Wait,
+    /// A release between the queuing attempt and the subscription could not
+    /// reach this client: ask the server whether the owner is still queued
+    /// (or already handed the lock); if not, attempt again.
+    AskQueued,
+    /// It did not queue: attempt again at once.
+    AttemptAgain,
+}
+
+/// What a hand-off grant that reached this request leads to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OnGrant<I> {
+    /// Handed over before this owner queued again: attempt again.
+    Stale,
+    /// The backend wants a handed-over grant confirmed by an attempt of the
+    /// new owner (Sentinel with `replica_acks`): attempt again, which is
+    /// answered `Repeated`.
+    Confirm,
+    /// The lock is this request's, its lease counted from `from` (unless
+    /// [`too_late`](Acquiring::too_late)).
+    Take {
+        /// Where the lease starts on this process's clock.
+        from: I,
+    },
+}
+
+impl<I: Moment> Acquiring<I> {
+    /// A request started at `started` that may wait until `deadline`.
+    pub fn new(started: I, deadline: I, op_timeout: Duration) -> Self {
+        Acquiring {
+            started,
+            deadline,
+            unreachable_end: deadline
+                .min(started.after(2 * op_timeout))
+                .max(started.after(op_timeout)),
+            attempt_end: deadline.max(started.after(op_timeout)),
+            failures: 0,
+            queued_once: false,
+            queued_at: None,
+            seen_busy: false,
+            reached: false,
+            pending: false,
+            may_queue: false,
+            sent_at: started,
+        }
+    }
+
+    /// The top of the loop: what the next attempt asks for. From here the
+    /// attempt is sent from the caller's task, so it is `pending` until an
+    /// answer settles it.
+    pub fn attempt(&mut self, now: I, t: &Timing) -> Outgoing<I> {
+        let left = self.deadline.since(now);
+        let out = Outgoing {
+            stay: (!left.is_zero())
+                .then(|| left.min(t.retry_delay) + t.retry_jitter + 2 * t.op_timeout),
+            rejoin: self.queued_once,
+            by: (!self.seen_busy).then_some(if self.reached {
+                self.attempt_end
+            } else {
+                self.unreachable_end
+            }),
+        };
+        self.pending = true;
+        // A later attempt must know an earlier one may have queued this
+        // owner, even if its answer never came.
+        self.may_queue = out.stay.is_some();
+        self.sent_at = now;
+        out
+    }
+
+    /// The lock is held (granted by an attempt, or handed over). Returns
+    /// whether the request's claim must settle: an attempt that took the
+    /// lock after this owner queued may yet be followed by the grant
+    /// message of the same hand-off, which then names a lock already held.
+    pub fn held(&mut self, by_attempt: bool) -> bool {
+        self.pending = false;
+        by_attempt && self.queued_once
+    }
+
+    /// A busy answer, `now`; `queued`: the attempt joined the queue.
+    pub fn busy(&mut self, queued: Option<Queued>, now: I) -> AfterBusy {
+        self.seen_busy = true;
+        self.failures = 0;
+        if let Some(q) = queued {
+            self.queued_once = true;
+            self.queued_at = Some((self.sent_at, q));
+        }
+        // Queued: a release may yet hand it over, and if this request ends
+        // first, the undo leaves the queue.
+        self.pending = self.queued_once;
+        if now >= self.deadline {
+            AfterBusy::GiveUp
+        } else {
+            AfterBusy::Listen
+        }
+    }
+
+    /// A grant came too late to use (see [`too_late`](Self::too_late)): it
+    /// is being taken back under this owner id, so the request goes on
+    /// under a new one that this undo cannot touch, and pauses first.
+    /// `answered`: it was an attempt's answer (the server was reached), not
+    /// a grant message.
+    pub fn late(&mut self, answered: bool) {
+        if answered {
+            self.reached = true;
+        }
+        self.pending = false;
+        self.queued_once = false;
+        self.queued_at = None;
+        self.failures += 1;
+    }
+
+    /// An attempt failed in a way that may pass (no answer, a cut
+    /// connection); `may_have_run`: it may have reached the server. The
+    /// next attempt (same owner) is answered `Repeated` if it ran, and if
+    /// the request ends first, the undo takes it back.
+    pub fn failed(&mut self, may_have_run: bool) {
+        self.queued_once |= self.may_queue;
+        // Refused now: down now, whatever an earlier attempt met.
+        self.reached = may_have_run;
+        self.failures += 1;
+    }
+
+    /// The backend refused the attempt (bad data, a script error): nothing
+    /// was taken by it, but an earlier attempt may have queued this owner.
+    pub fn refused(&mut self) {
+        self.pending = self.queued_once;
+    }
+
+    /// Whether a grant that began at `granted_at` (when its attempt was
+    /// sent) is past its lease at `now`, less the backend's clock `drift`:
+    /// it may already be someone else's lock.
+    pub fn too_late(granted_at: I, now: I, lease: Duration, drift: Duration) -> bool {
+        now.since(granted_at) + drift >= lease
+    }
+
+    /// When the request gives up after failures: at its deadline once the
+    /// server answered or the lock was seen busy, sooner while the server
+    /// refuses connections.
+    pub fn give_up_at(&self) -> I {
+        if self.reached || self.seen_busy {
+            self.deadline
+        } else {
+            self.deadline.min(self.unreachable_end)
+        }
+    }
+
+    /// The pause before the next attempt after the `failures`-th failure in
+    /// a row: 20 ms doubling, at most the retry delay, plus up to half of
+    /// it at random (`jitter` in [0, 1), so that clients cut off together do
+    /// not come back together). `None`: it would pass the point where the
+    /// request gives up, so it gives up now.
+    pub fn pause(&self, now: I, jitter: f64, t: &Timing) -> Option<Duration> {
+        let cap = t.retry_delay.max(Duration::from_millis(1));
+        let base =
+            Duration::from_millis(20) * (1u32 << self.failures.clamp(1, 7).saturating_sub(1));
+        let base = base.min(cap);
+        let pause = base + base.mul_f64(jitter / 2.0);
+        if now.after(pause) >= self.give_up_at() {
+            return None;
+        }
+        Some(pause)
+    }
+
+    /// Whether a request that gives up now ends as `Timeout` (the lock was
+    /// seen busy; the last failure is only logged) rather than with that
+    /// failure.
+    pub fn ends_as_timeout(&self) -> bool {
+        self.seen_busy
+    }
+
+    /// After subscribing: `fresh` says whether this subscribed afresh (a
+    /// release published before could not reach this client).
+    pub fn listening(&self, fresh: bool) -> Listening {
+        if !fresh {
+            Listening::Wait
+        } else if self.queued_at.is_some() {
+            Listening::AskQueued
+        } else {
+            Listening::AttemptAgain
+        }
+    }
+
+    /// How long to wait for a grant or a release before asking again: the
+    /// holder's remaining `ttl` (else the lease), at most the retry delay,
+    /// plus `jitter` in [0, 1) of the retry jitter; never past the
+    /// deadline.
+    pub fn nap(
+        &self,
+        ttl: Option<Duration>,
+        lease: Duration,
+        now: I,
+        jitter: f64,
+        t: &Timing,
+    ) -> Duration {
+        (ttl.unwrap_or(lease).min(t.retry_delay) + t.retry_jitter.mul_f64(jitter))
+            .min(self.deadline.since(now))
+    }
+
+    /// A hand-off grant stamped `at` reached this request; `confirming`:
+    /// the backend wants it confirmed by an attempt.
+    pub fn on_grant(&self, at: Stamp<I>, confirming: bool) -> OnGrant<I> {
+        if is_stale(self.queued_at, at) {
+            return OnGrant::Stale;
+        }
+        if confirming {
+            return OnGrant::Confirm;
+        }
+        OnGrant::Take {
+            from: lease_start(self.started, self.queued_at, at),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::moment::tests::Ms;
+
+    const T: Timing = Timing {
+        retry_delay: Duration::from_millis(1000),
+        retry_jitter: Duration::from_millis(50),
+        op_timeout: Duration::from_millis(2000),
+    };
+
+    #[test]
+    fn a_server_that_never_answers_ends_the_call_within_two_operation_timeouts() {
+        let mut a = Acquiring::new(Ms(0), Ms(10_000), T.op_timeout);
+        let out = a.attempt(Ms(0), &T);
+        assert_eq!(out.by, Some(Ms(4_000)));
+        assert!(a.pending);
+        // Refused: nothing reached the server.
+        a.failed(false);
+        assert_eq!(a.give_up_at(), Ms(4_000));
+        assert_eq!(a.pause(Ms(3_990), 0.0, &T), None);
+        assert!(!a.ends_as_timeout());
+        // Once it answered, the whole wait counts.
+        a.failed(true);
+        assert_eq!(a.give_up_at(), Ms(10_000));
+        assert_eq!(a.attempt(Ms(4_000), &T).by, Some(Ms(10_000)));
+    }
+
+    #[test]
+    fn a_busy_queued_answer_keeps_the_request_pending_and_ends_as_timeout() {
+        let mut a = Acquiring::new(Ms(0), Ms(3_000), T.op_timeout);
+        let out = a.attempt(Ms(100), &T);
+        assert_eq!(out.stay, Some(Duration::from_millis(1000 + 50 + 4000)));
+        assert!(!out.rejoin);
+        assert_eq!(a.busy(Some(Queued::At(7)), Ms(120)), AfterBusy::Listen);
+        assert!(a.pending, "a queued owner must leave the queue if it ends");
+        assert_eq!(a.queued_at, Some((Ms(100), Queued::At(7))));
+        assert!(a.attempt(Ms(1_000), &T).rejoin);
+        assert_eq!(
+            a.attempt(Ms(3_000), &T).stay,
+            None,
+            "past the deadline: try once"
+        );
+        assert_eq!(a.busy(None, Ms(3_000)), AfterBusy::GiveUp);
+        assert!(a.ends_as_timeout());
+        // Taken directly after queuing: the claim settles.
+        assert!(a.held(true));
+        assert!(!a.pending);
+    }
+
+    #[test]
+    fn a_stale_or_unconfirmed_grant_is_not_taken() {
+        let mut a = Acquiring::new(Ms(0), Ms(5_000), T.op_timeout);
+        a.attempt(Ms(0), &T);
+        a.busy(Some(Queued::At(1_000)), Ms(5));
+        assert_eq!(
+            a.on_grant(Stamp::ServerMs(999, Ms(6)), false),
+            OnGrant::Stale
+        );
+        assert_eq!(
+            a.on_grant(Stamp::ServerMs(1_200, Ms(300)), true),
+            OnGrant::Confirm
+        );
+        assert_eq!(
+            a.on_grant(Stamp::ServerMs(1_200, Ms(300)), false),
+            OnGrant::Take { from: Ms(200) }
+        );
+        assert!(Acquiring::too_late(
+            Ms(200),
+            Ms(3_200),
+            Duration::from_secs(3),
+            Duration::ZERO
+        ));
+        a.late(false);
+        assert!(!a.pending && !a.queued_once && a.queued_at.is_none());
+    }
+}
