@@ -407,21 +407,19 @@ enum Nemesis {
     /// within the re-send's operation timeout; every other connection,
     /// subscriptions included, stays fast.
     ReplyPastOrphan,
-    /// The transport sends a lock command (acquire, release, renewal) again,
+    /// The transport sends a lock command (an acquire or a release) again,
     /// 0.1-1 s after the first, on a connection of its own.
     Resend,
 }
 
 /// The SHA1s by which EVALSHA names the lock scripts a transport may send
-/// again.
-fn resendable_scripts() -> [Vec<u8>; 4] {
-    use tests::reply_loss::{acquire_sha, release_sha, renew_sha, script_sha};
-    [
-        acquire_sha(),
-        release_sha(),
-        renew_sha(),
-        script_sha(include_str!("../../lock-runtime/scripts/renew_read.lua")),
-    ]
+/// again: the two every operation of the fleet sends. Its holds are far
+/// shorter than a third of the lease, so renewals are rare (a re-sent
+/// renewal has its own tests in `delayed_replies.rs`); arming one here
+/// would mostly find nothing to copy.
+fn resendable_scripts() -> [Vec<u8>; 2] {
+    use tests::reply_loss::{acquire_sha, release_sha};
+    [acquire_sha(), release_sha()]
 }
 
 /// Wait up to `limit` for `done`, checking every few ms.
@@ -596,7 +594,7 @@ fn run(mut s: Scenario<'_>, plan: Plan, workers: usize) -> Report {
     let started = Instant::now();
     let mut i = 0;
     // Every kind of fault in the schedule fires at least once (one that
-    // found no command to act on is tried again), within the limit.
+    // found no command to act on is tried again).
     let kinds = {
         let mut k: Vec<_> = plan.schedule.iter().map(std::mem::discriminant).collect();
         k.sort_by_key(|d| format!("{d:?}"));
@@ -610,10 +608,12 @@ fn run(mut s: Scenario<'_>, plan: Plan, workers: usize) -> Report {
         labels.dedup();
         labels.len()
     };
+    // A kind still missing at the limit gets up to twice the limit more.
     while (s.fleet.acquired.load(Ordering::Relaxed) < plan.target
         || i < plan.schedule.len()
         || fired(&s) < kinds)
-        && started.elapsed() < plan.limit
+        && (started.elapsed() < plan.limit
+            || (fired(&s) < kinds && started.elapsed() < plan.limit * 3))
     {
         // Let the clients work between faults.
         std::thread::sleep(rand_ms(200, 600));
