@@ -21,7 +21,7 @@ use crate::{LockClientBuilder, LockError};
 /// I/O thread of the client's own, while a caller's commands go over a
 /// connection its own runtime drives. Per Redis server that is at most one
 /// connection per live runtime that used the client, plus the I/O
-/// thread's, and as many for subscriptions (see `docs/DEPLOYMENTS.md`).
+/// thread's, plus one for subscriptions (see `docs/DEPLOYMENTS.md`).
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), lock_runtime::LockError> {

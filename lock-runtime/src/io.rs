@@ -290,10 +290,19 @@ pub(crate) fn route<T>(f: impl FnOnce(Option<&Route>) -> T) -> T {
 
 /// Put `route` in place while `poll` runs, and take it back after.
 fn polled_with<T>(route: &mut Option<Route>, poll: impl FnOnce() -> T) -> T {
+    /// Puts the outer route back also when `poll` panics.
+    struct Back<'a> {
+        route: &'a mut Option<Route>,
+        outer: Option<Route>,
+    }
+    impl Drop for Back<'_> {
+        fn drop(&mut self) {
+            *self.route = ROUTE.with(|cell| cell.replace(self.outer.take()));
+        }
+    }
     let outer = ROUTE.with(|cell| cell.replace(route.take()));
-    let out = poll();
-    *route = ROUTE.with(|cell| cell.replace(outer));
-    out
+    let _back = Back { route, outer };
+    poll()
 }
 
 pin_project_lite::pin_project! {
@@ -323,32 +332,6 @@ impl<F: Future> Future for Here<'_, F> {
         let _rt = io.enter();
         let fut = this.fut;
         polled_with(this.route, || fut.poll(cx))
-    }
-}
-
-/// `fut` polled with `handle`'s runtime entered: a connection it opens
-/// registers with that runtime, and what it spawns (a connection's driver,
-/// a reconnect) runs there.
-pub(crate) fn in_runtime<F: Future>(handle: &Handle, fut: F) -> InRuntime<'_, F> {
-    InRuntime { handle, fut }
-}
-
-pin_project_lite::pin_project! {
-    /// See [`in_runtime`].
-    pub(crate) struct InRuntime<'a, F> {
-        handle: &'a Handle,
-        #[pin]
-        fut: F,
-    }
-}
-
-impl<F: Future> Future for InRuntime<'_, F> {
-    type Output = F::Output;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        let this = self.project();
-        let _rt = this.handle.enter();
-        this.fut.poll(cx)
     }
 }
 

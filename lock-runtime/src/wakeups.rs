@@ -46,11 +46,6 @@ struct Slot {
     waiters: usize,
     /// The backend confirmed it listens on this channel.
     ready: bool,
-    /// The subscription connection it listens (or last listened) on, where
-    /// a backend has several (see `backend/pubsub.rs`); 0 otherwise.
-    on: u64,
-    /// That connection is gone for good: its waiters must subscribe again.
-    orphaned: bool,
     /// SUBSCRIBEs sent whose confirmation has not come back: a
     /// confirmation is not a resubscription after a reconnect.
     confirming: u32,
@@ -80,8 +75,6 @@ impl Wakeups {
             wake: Arc::new(Notify::new()),
             waiters: 0,
             ready: false,
-            on: 0,
-            orphaned: false,
             confirming: 0,
             dropped: false,
         });
@@ -99,32 +92,20 @@ impl Wakeups {
     /// A SUBSCRIBE is about to be sent on `channel`; until the returned
     /// guard is [`Subscribing::confirmed`], a failure or a cancellation
     /// takes the expectation back.
-    /// On subscription connection `on`, where a backend has several (else
-    /// 0).
-    pub(crate) fn subscribing_on<'a>(&'a self, channel: &'a str, on: u64) -> Subscribing<'a> {
+    pub(crate) fn subscribing<'a>(&'a self, channel: &'a str) -> Subscribing<'a> {
         if let Some(slot) = self.slots.lock().unwrap().get_mut(channel) {
             slot.confirming += 1;
-            // Where to unsubscribe it, also if this is cancelled after
-            // Redis took it.
-            slot.on = on;
         }
         Subscribing {
             registry: self,
             channel,
-            on,
             done: false,
         }
     }
 
     pub(crate) fn mark_ready(&self, channel: &str) {
-        self.mark_ready_on(channel, 0);
-    }
-
-    fn mark_ready_on(&self, channel: &str, on: u64) {
         if let Some(slot) = self.slots.lock().unwrap().get_mut(channel) {
             slot.ready = true;
-            slot.on = on;
-            slot.orphaned = false;
             slot.dropped = false;
         }
     }
@@ -153,24 +134,6 @@ impl Wakeups {
             }
             _ => false,
         }
-    }
-
-    /// [`remove_if_idle`](Self::remove_if_idle), if the channel was last
-    /// listened on at subscription connection `on`.
-    pub(crate) fn remove_if_idle_on(&self, channel: &str, on: u64) -> bool {
-        let mut slots = self.slots.lock().unwrap();
-        match slots.get(channel) {
-            Some(slot) if slot.waiters == 0 && slot.on == on => {
-                slots.remove(channel);
-                true
-            }
-            _ => false,
-        }
-    }
-
-    /// The subscription connection `channel` was last listened on.
-    pub(crate) fn listened_on(&self, channel: &str) -> Option<u64> {
-        self.slots.lock().unwrap().get(channel).map(|s| s.on)
     }
 
     pub(crate) fn waiters(&self, channel: &str) -> usize {
@@ -207,11 +170,6 @@ impl Wakeups {
     /// if it was already listened on (not for a first subscription, whose
     /// waiter checks anyway).
     pub(crate) fn resubscribed(&self, channel: &str) {
-        self.resubscribed_on(channel, 0);
-    }
-
-    /// [`resubscribed`](Self::resubscribed), by subscription connection `on`.
-    pub(crate) fn resubscribed_on(&self, channel: &str, on: u64) {
         if let Some(slot) = self.slots.lock().unwrap().get_mut(channel) {
             if slot.confirming > 0 {
                 slot.confirming -= 1;
@@ -220,8 +178,6 @@ impl Wakeups {
                 // meanwhile reached nobody, and their waiters were skipped:
                 // every waiter here checks.
                 slot.ready = true;
-                slot.on = on;
-                slot.orphaned = false;
                 slot.wake.notify_waiters();
                 slot.wake.notify_one();
             }
@@ -236,29 +192,6 @@ impl Wakeups {
             slot.ready = false;
         }
         self.notify_all();
-    }
-
-    /// Subscription connection `on` dropped: the channels listened on
-    /// there are heard no more until it is back, and their waiters ask
-    /// again. `for_good`: it went with its runtime, and their waiters
-    /// subscribe again elsewhere ([`Waiter::is_stale`]).
-    pub(crate) fn disconnected_on(&self, on: u64, for_good: bool) {
-        for slot in self.slots.lock().unwrap().values_mut() {
-            if slot.on == on {
-                slot.ready = false;
-                slot.orphaned |= for_good;
-                slot.wake.notify_waiters();
-                slot.wake.notify_one();
-            }
-        }
-    }
-
-    fn orphaned(&self, channel: &str) -> bool {
-        self.slots
-            .lock()
-            .unwrap()
-            .get(channel)
-            .is_some_and(|s| s.orphaned || s.dropped)
     }
 
     /// Stop being where waiters listen: wake them all to go elsewhere.
@@ -301,7 +234,6 @@ impl Wakeups {
 pub(crate) struct Subscribing<'a> {
     registry: &'a Wakeups,
     channel: &'a str,
-    on: u64,
     done: bool,
 }
 
@@ -309,7 +241,7 @@ impl Subscribing<'_> {
     /// Redis confirmed: the channel is listened on.
     pub(crate) fn confirmed(mut self) {
         self.done = true;
-        self.registry.mark_ready_on(self.channel, self.on);
+        self.registry.mark_ready(self.channel);
     }
 }
 
@@ -367,12 +299,16 @@ impl Waiter {
         self.woken = false;
     }
 
-    /// Releases are no longer published where this waiter listens, or no
-    /// longer heard (the connection it was heard on went with its runtime,
-    /// or the server ended the subscription as the slot moved): it must
-    /// subscribe again.
+    /// Releases are no longer published where this waiter listens.
     pub(crate) fn is_stale(&self) -> bool {
-        self.registry.retired.load(Ordering::Acquire) || self.registry.orphaned(&self.channel)
+        self.registry.retired.load(Ordering::Acquire)
+            || self
+                .registry
+                .slots
+                .lock()
+                .unwrap()
+                .get(&self.channel)
+                .is_some_and(|s| s.dropped)
     }
 }
 

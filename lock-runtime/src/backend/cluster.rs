@@ -182,7 +182,6 @@ impl Inner {
             &self.wakeups,
             &self.gate,
             channel,
-            0,
             self.settings.op_timeout,
             what,
             conn.ssubscribe(&**channel),
@@ -198,7 +197,6 @@ impl Inner {
             &self.wakeups,
             &self.gate,
             &channel,
-            0,
             self.settings.op_timeout,
             conn.sunsubscribe(&*channel),
         )

@@ -395,6 +395,13 @@ impl RedisNode {
                 // `None`: that runtime is shutting down.
                 if let Some(picked) = runtimes.pick(&caller).await {
                     let picked = picked?;
+                    if picked.local().has_ended() {
+                        // An earlier command of this runtime (an attempt a
+                        // Redlock undo now takes back) may still be on a
+                        // connection that ended: killed first, it cannot
+                        // run after this one.
+                        self.kill_ended(picked.local()).await;
+                    }
                     let mut conn = picked.conn.clone();
                     let out = send(q, &mut conn).await;
                     if matches!(&out, Err(e) if broke(e)) {
@@ -437,16 +444,26 @@ impl RedisNode {
         q: &Query,
     ) -> RedisResult<T> {
         let mut fenced = true;
+        let mut stalled = false;
         let out = loop {
             fenced &= self.kill_ended(local).await;
-            let Some(picked) = local.open_conn() else {
+            let Some(picked) = local.open_conn().filter(|_| !stalled) else {
                 break self.send_home(q).await;
             };
             let mut conn = picked.conn.clone();
-            match send(q, &mut conn).await {
+            // A runtime that lives but is not running (a current-thread
+            // runtime between two `block_on`s) does not drive its
+            // connection: the undo would wait there for as long as it
+            // rests. Not answered soon, the connection is given up, killed
+            // with what it carries, and the undo goes over the I/O thread's.
+            match tokio::time::timeout(self.settings.op_timeout / 4, send(q, &mut conn)).await {
                 // Ended under it: killed at the top, then sent elsewhere.
-                Err(e) if broke(&e) => picked.broke(),
-                other => break other,
+                Ok(Err(e)) if broke(&e) => picked.broke(),
+                Ok(other) => break other,
+                Err(_) => {
+                    stalled = true;
+                    picked.broke();
+                }
             }
         };
         if !fenced {

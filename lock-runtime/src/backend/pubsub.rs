@@ -1,32 +1,18 @@
-//! Hearing of grants and releases: one subscription per lock channel
-//! however many tasks of the client wait there, and the messages routed to
-//! those tasks.
-//!
-//! Subscriptions go over RESP3 connections that, like commands, run where
-//! the waiters are (`runtimes.rs`): a channel is subscribed over the
-//! connection of the runtime whose waiter first needed it, driven by that
-//! runtime, so its grant messages wake waiters there without a hop to
-//! another thread. Waiters off any runtime's worker threads use the I/O
-//! thread's. A runtime's connection goes with the runtime; the channels
-//! heard there then wake their other waiters, who subscribe again on
-//! theirs. So per server a client holds one subscription connection per
-//! live runtime whose tasks waited, plus the I/O thread's once used.
+//! Hearing of grants and releases: one RESP3 subscription connection per
+//! server, one subscription per lock channel however many tasks of the
+//! client wait there, and the messages routed to those tasks.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ConnectionInfo, ProtocolVersion, PushInfo, PushKind, Value};
-use tokio::runtime::{Handle, Id};
-use tokio::sync::oneshot;
+use tokio::runtime::Handle;
 
 use super::endpoint;
 use super::fault::Fault;
 use super::node::NodeSettings;
 use crate::claims::{Grant, Stamp};
-use crate::io::{self, Route};
 use crate::key::{client_of, LockName};
 use crate::wakeups::{Waiter, Wakeups};
 
@@ -40,27 +26,11 @@ struct SubInner {
     client: redis::Client,
     settings: NodeSettings,
     wakeups: Arc<Wakeups>,
-    /// The I/O thread's connection.
-    home: Arc<Line>,
-    /// The connections of runtimes whose tasks wait, by runtime.
-    runtimes: Mutex<HashMap<Id, Arc<Line>>>,
-    /// Numbers the connections (the I/O thread's is 0).
-    lines: AtomicU64,
-    io: Handle,
-}
-
-/// One subscription connection, and the runtime that drives it.
-struct Line {
-    id: u64,
-    handle: Handle,
     conn: tokio::sync::OnceCell<ConnectionManager>,
     /// Orders SUBSCRIBE/UNSUBSCRIBE so a late UNSUBSCRIBE never undoes a
     /// newer SUBSCRIBE of the same channel.
     gate: tokio::sync::Mutex<()>,
-    /// Its runtime shut down.
-    gone: AtomicBool,
-    /// Dropped with this: ends the task that watches the runtime.
-    _watching: Option<oneshot::Sender<()>>,
+    io: Handle,
 }
 
 impl Subscriber {
@@ -97,16 +67,8 @@ impl Subscriber {
                 client,
                 settings,
                 wakeups: Arc::new(Wakeups::new(Some(on_idle))),
-                home: Arc::new(Line {
-                    id: 0,
-                    handle: io.clone(),
-                    conn: tokio::sync::OnceCell::new(),
-                    gate: tokio::sync::Mutex::new(()),
-                    gone: AtomicBool::new(false),
-                    _watching: None,
-                }),
-                runtimes: Mutex::new(HashMap::new()),
-                lines: AtomicU64::new(1),
+                conn: tokio::sync::OnceCell::new(),
+                gate: tokio::sync::Mutex::new(()),
                 io,
             }
         });
@@ -140,112 +102,29 @@ impl Subscriber {
         };
         let (waiter, needs) = self.inner.wakeups.join(&channel, owner);
         if needs {
-            let line = self.inner.line();
-            let inner = &self.inner;
-            io::in_runtime(&line.handle, line.subscribe(inner, &channel)).await?;
+            self.inner.subscribe(&channel).await?;
         }
         Ok((waiter, needs))
     }
 }
 
 impl SubInner {
-    /// The connection for a waiter here: its runtime's (see [`Route`]), or
-    /// the I/O thread's.
-    fn line(self: &Arc<Self>) -> Arc<Line> {
-        let caller = io::route(|r| match r? {
-            Route::Caller(h) => Some(h.clone()),
-            Route::Behind(_) => None,
-        });
-        let Some(caller) = caller else {
-            return self.home.clone();
-        };
-        let mut runtimes = self.runtimes.lock().unwrap();
-        if let Some(line) = runtimes.get(&caller.id()) {
-            return line.clone();
-        }
-        let (watching, ended) = oneshot::channel();
-        let line = Arc::new(Line {
-            id: self.lines.fetch_add(1, Ordering::Relaxed),
-            handle: caller.clone(),
-            conn: tokio::sync::OnceCell::new(),
-            gate: tokio::sync::Mutex::new(()),
-            gone: AtomicBool::new(false),
-            _watching: Some(watching),
-        });
-        runtimes.insert(caller.id(), line.clone());
-        drop(runtimes);
-        // Dropped when the runtime shuts down (at once if it already is),
-        // or ends when the line is dropped.
-        let watch = Watch {
-            inner: Arc::downgrade(self),
-            line: Arc::downgrade(&line),
-            runtime: caller.id(),
-        };
-        caller.spawn(async move {
-            let _watch = watch;
-            let _ = ended.await;
-        });
-        if line.gone.load(Ordering::Acquire) {
-            return self.home.clone();
-        }
-        line
-    }
-
-    /// The line with this number, unless it went with its runtime.
-    fn line_numbered(&self, id: u64) -> Option<Arc<Line>> {
-        if id == 0 {
-            return Some(self.home.clone());
-        }
-        self.runtimes
-            .lock()
-            .unwrap()
-            .values()
-            .find(|l| l.id == id)
-            .cloned()
-    }
-
-    /// Unsubscribe `channel` if nobody waits there any more, on the
-    /// connection it is heard on, from that connection's own runtime (a
-    /// connection is only ever polled where it is driven: a runtime's
-    /// timers cannot be polled from elsewhere once it is gone).
-    async fn unsubscribe(self: Arc<Self>, channel: Arc<str>) {
-        let Some(on) = self.wakeups.listened_on(&channel) else {
-            return;
-        };
-        let Some(line) = self.line_numbered(on) else {
-            // Gone with its runtime, and its subscriptions with it.
-            self.wakeups.remove_if_idle_on(&channel, on);
-            return;
-        };
-        if line.id == 0 {
-            line.unsubscribe(&self, &channel).await;
-            return;
-        }
-        // Dropped unrun if that runtime is shutting down: its connection
-        // goes with it.
-        let handle = line.handle.clone();
-        handle.spawn(async move { line.unsubscribe(&self, &channel).await });
-    }
-}
-
-impl Line {
-    async fn conn(&self, inner: &SubInner) -> Result<ConnectionManager, Fault> {
-        let wakeups = inner.wakeups.clone();
-        let line = self.id;
+    async fn conn(&self) -> Result<ConnectionManager, Fault> {
+        let wakeups = self.wakeups.clone();
         self.conn
             .get_or_try_init(|| async {
                 let push = move |info: PushInfo| {
                     match info.kind {
                         PushKind::Message => heard(&wakeups, &info.data),
                         // Messages may have been missed: let every waiter retry.
-                        PushKind::Disconnection => wakeups.disconnected_on(line, false),
+                        PushKind::Disconnection => wakeups.disconnected(),
                         // Subscribed again after a reconnect: a release
                         // published in between was missed, so one waiter
                         // retries now rather than at its fallback.
                         PushKind::Subscribe => {
                             if let Some(Value::BulkString(ch)) = info.data.first() {
                                 if let Ok(ch) = std::str::from_utf8(ch) {
-                                    wakeups.resubscribed_on(ch, line);
+                                    wakeups.resubscribed(ch);
                                 }
                             }
                         }
@@ -253,20 +132,19 @@ impl Line {
                     }
                     Ok::<(), ()>(())
                 };
-                let settings = &inner.settings;
                 let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(settings.connect_timeout))
-                    .set_response_timeout(Some(settings.op_timeout))
+                    .set_connection_timeout(Some(self.settings.connect_timeout))
+                    .set_response_timeout(Some(self.settings.op_timeout))
                     .set_number_of_retries(2)
                     .set_min_delay(Duration::from_millis(50))
                     .set_max_delay(Duration::from_millis(500))
                     .set_push_sender(push)
                     .set_automatic_resubscription();
-                let addr = inner.client.get_connection_info().addr().to_string();
-                let budget = settings.connect_timeout + settings.op_timeout;
+                let addr = self.client.get_connection_info().addr().to_string();
+                let budget = self.settings.connect_timeout + self.settings.op_timeout;
                 tokio::time::timeout(
                     budget,
-                    ConnectionManager::new_with_config(inner.client.clone(), config),
+                    ConnectionManager::new_with_config(self.client.clone(), config),
                 )
                 .await
                 .map_err(|_| Fault::timed_out(format!("subscribing on Redis at {addr}"), budget))?
@@ -276,63 +154,32 @@ impl Line {
             .cloned()
     }
 
-    async fn subscribe(&self, inner: &SubInner, channel: &Arc<str>) -> Result<(), Fault> {
-        let mut conn = self.conn(inner).await?;
+    async fn subscribe(&self, channel: &Arc<str>) -> Result<(), Fault> {
+        let mut conn = self.conn().await?;
         let what = "subscribing to lock releases";
         subscribe_gated(
-            &inner.wakeups,
+            &self.wakeups,
             &self.gate,
             channel,
-            self.id,
-            inner.settings.op_timeout,
+            self.settings.op_timeout,
             what,
             conn.subscribe(&**channel),
         )
         .await
     }
 
-    async fn unsubscribe(&self, inner: &SubInner, channel: &str) {
-        let Ok(mut conn) = self.conn(inner).await else {
+    async fn unsubscribe(&self, channel: Arc<str>) {
+        let Ok(mut conn) = self.conn().await else {
             return;
         };
         unsubscribe_if_idle(
-            &inner.wakeups,
+            &self.wakeups,
             &self.gate,
-            channel,
-            self.id,
-            inner.settings.op_timeout,
-            conn.unsubscribe(channel),
+            &channel,
+            self.settings.op_timeout,
+            conn.unsubscribe(&*channel),
         )
-        .await
-    }
-}
-
-/// Lives as a task on a runtime that has a subscription connection:
-/// dropped, that runtime is shutting down.
-struct Watch {
-    inner: Weak<SubInner>,
-    line: Weak<Line>,
-    runtime: Id,
-}
-
-impl Drop for Watch {
-    fn drop(&mut self) {
-        let (Some(inner), Some(line)) = (self.inner.upgrade(), self.line.upgrade()) else {
-            return;
-        };
-        line.gone.store(true, Ordering::Release);
-        {
-            let mut runtimes = inner.runtimes.lock().unwrap();
-            if runtimes
-                .get(&self.runtime)
-                .is_some_and(|l| Arc::ptr_eq(l, &line))
-            {
-                runtimes.remove(&self.runtime);
-            }
-        }
-        // Its waiters are gone; waiters elsewhere on its channels listen
-        // again on their own.
-        inner.wakeups.disconnected_on(line.id, true);
+        .await;
     }
 }
 
@@ -344,13 +191,12 @@ pub(crate) async fn subscribe_gated(
     wakeups: &Wakeups,
     gate: &tokio::sync::Mutex<()>,
     channel: &str,
-    line: u64,
     timeout: Duration,
     what: &str,
     send: impl std::future::Future<Output = redis::RedisResult<()>>,
 ) -> Result<(), Fault> {
     let _gate = gate.lock().await;
-    let pending = wakeups.subscribing_on(channel, line);
+    let pending = wakeups.subscribing(channel);
     match tokio::time::timeout(timeout, send).await {
         Ok(Ok(())) => {
             pending.confirmed();
@@ -362,19 +208,16 @@ pub(crate) async fn subscribe_gated(
 }
 
 /// Send a (S)UNSUBSCRIBE for `channel` under `gate`, if nobody waits there
-/// any more (a waiter may have joined since the channel went idle) and it
-/// was last listened on at connection `line` (else it moved, and its own
-/// idle moment unsubscribes it there).
+/// any more (a waiter may have joined since the channel went idle).
 pub(crate) async fn unsubscribe_if_idle(
     wakeups: &Wakeups,
     gate: &tokio::sync::Mutex<()>,
     channel: &str,
-    line: u64,
     timeout: Duration,
     send: impl std::future::Future<Output = redis::RedisResult<()>>,
 ) {
     let _gate = gate.lock().await;
-    if wakeups.remove_if_idle_on(channel, line) {
+    if wakeups.remove_if_idle(channel) {
         let _ = tokio::time::timeout(timeout, send).await;
     }
 }

@@ -22,15 +22,16 @@
 //! then does an undo go over another connection.
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
 use redis::AsyncConnectionConfig;
 use tokio::runtime::{Handle, Id};
 use tokio::sync::{oneshot, OnceCell};
-
-use crate::io;
 
 /// How long a runtime that went away is remembered: the undo of an attempt
 /// it sent looks for its connections there.
@@ -61,6 +62,9 @@ struct State {
     /// Connections of this runtime that ended, which may still have sent
     /// Redis a command it has not run (`None`: one Redis cannot name).
     ended: Vec<Option<Identity>>,
+    /// One of them was forgotten unkilled (more than [`MAX_ENDED`] ended
+    /// at once): from then on an undo cannot count on kills alone.
+    forgot: bool,
 }
 
 /// One connection, and who Redis says it is.
@@ -101,6 +105,11 @@ pub(crate) struct Picked {
 }
 
 impl Picked {
+    /// The state of the runtime this connection belongs to.
+    pub(crate) fn local(&self) -> &Arc<Local> {
+        &self.local
+    }
+
     /// The connection broke under a command: the next one opens another.
     pub(crate) fn broke(&self) {
         self.local.retire(&self.cell);
@@ -132,9 +141,12 @@ impl Runtimes {
             }));
         }
         // Boxed: once per runtime (and reconnect), and deep.
-        let opened = Box::pin(cell.get_or_try_init(|| io::in_runtime(caller, self.open())))
-            .await
-            .map(|c| c.conn.clone());
+        let opened = Box::pin(cell.get_or_try_init(|| Entered {
+            handle: caller,
+            fut: self.open(),
+        }))
+        .await
+        .map(|c| c.conn.clone());
         Some(opened.map(|conn| Picked { local, cell, conn }))
     }
 
@@ -159,6 +171,7 @@ impl Runtimes {
                 current: Arc::new(OnceCell::new()),
                 gone: None,
                 ended: Vec::new(),
+                forgot: false,
             }),
             _watching: watching,
         });
@@ -221,7 +234,17 @@ impl Local {
     /// The connections of this runtime that ended, which an undo must
     /// kill before it goes over another one.
     pub(crate) fn ended(&self) -> Vec<Option<Identity>> {
-        self.state.lock().unwrap().ended.clone()
+        let state = self.state.lock().unwrap();
+        let mut ended = state.ended.clone();
+        if state.forgot {
+            ended.push(None);
+        }
+        ended
+    }
+
+    /// Whether a connection of this runtime ended unkilled.
+    pub(crate) fn has_ended(&self) -> bool {
+        !self.state.lock().unwrap().ended.is_empty()
     }
 
     /// This ended connection was killed: nothing it sent runs any more.
@@ -260,7 +283,7 @@ impl State {
     fn end(&mut self, cell: &OnceCell<Conn>) {
         if let Some(conn) = cell.get() {
             if self.ended.len() == MAX_ENDED {
-                self.ended.remove(0);
+                self.forgot |= self.ended.remove(0).is_some();
             }
             self.ended.push(conn.who.clone());
         }
@@ -276,6 +299,26 @@ impl Drop for Watch {
         if let Some(local) = self.0.upgrade() {
             local.gone();
         }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// `fut` polled with `handle`'s runtime entered: the connection it
+    /// opens registers with that runtime, and its driver is spawned there.
+    struct Entered<'a, F> {
+        handle: &'a Handle,
+        #[pin]
+        fut: F,
+    }
+}
+
+impl<F: Future> Future for Entered<'_, F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        let _rt = this.handle.enter();
+        this.fut.poll(cx)
     }
 }
 
