@@ -498,6 +498,11 @@ impl RedisNode {
                 Ok(_) => local.killed(&who),
                 Err(e) => {
                     tracing::debug!(redis = %self.addr, error = %e, "cannot close a connection that may still carry a lock attempt; its undo is sent twice");
+                    // Refused by the server (an ACL without `CLIENT
+                    // KILL`): not asked again.
+                    if e.code().is_some() {
+                        local.unkillable(&who);
+                    }
                     all = false;
                 }
             }

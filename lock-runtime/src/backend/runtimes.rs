@@ -242,9 +242,20 @@ impl Local {
         ended
     }
 
-    /// Whether a connection of this runtime ended unkilled.
+    /// Whether a connection of this runtime ended unkilled, one Redis can
+    /// be asked to kill.
     pub(crate) fn has_ended(&self) -> bool {
-        !self.state.lock().unwrap().ended.is_empty()
+        self.state.lock().unwrap().ended.iter().any(Option::is_some)
+    }
+
+    /// Redis refused to kill this ended connection (an ACL without
+    /// `CLIENT KILL`): not asked again; an undo goes twice instead.
+    pub(crate) fn unkillable(&self, who: &Identity) {
+        for w in &mut self.state.lock().unwrap().ended {
+            if w.as_ref() == Some(who) {
+                *w = None;
+            }
+        }
     }
 
     /// This ended connection was killed: nothing it sent runs any more.
