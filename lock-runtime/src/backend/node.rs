@@ -454,13 +454,17 @@ impl RedisNode {
             // A runtime that lives but is not running (a current-thread
             // runtime between two `block_on`s) does not drive its
             // connection: the undo would wait there for as long as it
-            // rests. Not answered soon, the connection is given up, killed
-            // with what it carries, and the undo goes over the I/O thread's.
-            match tokio::time::timeout(self.settings.op_timeout / 4, send(q, &mut conn)).await {
-                // Ended under it: killed at the top, then sent elsewhere.
-                Ok(Err(e)) if broke(&e) => picked.broke(),
-                Ok(other) => break other,
-                Err(_) => {
+            // rests. Once it is seen resting, the connection is given up,
+            // killed with what it carries, and the undo goes over the I/O
+            // thread's. A slow connection of a running runtime (a partition)
+            // keeps the undo behind its attempt.
+            tokio::select! {
+                out = send(q, &mut conn) => match out {
+                    // Ended under it: killed at the top, then sent elsewhere.
+                    Err(e) if broke(&e) => picked.broke(),
+                    other => break other,
+                },
+                () = local.resting(self.settings.op_timeout / 4) => {
                     stalled = true;
                     picked.broke();
                 }

@@ -50,6 +50,8 @@ pub(crate) struct Runtimes {
 /// One runtime's connection to the server.
 pub(crate) struct Local {
     state: Mutex<State>,
+    /// The runtime that drives these connections.
+    handle: Handle,
     /// Dropped with this: ends the task that watches the runtime.
     _watching: oneshot::Sender<()>,
 }
@@ -173,6 +175,7 @@ impl Runtimes {
                 ended: Vec::new(),
                 forgot: false,
             }),
+            handle: caller.clone(),
             _watching: watching,
         });
         by_id.insert(id, local.clone());
@@ -240,6 +243,23 @@ impl Local {
             ended.push(None);
         }
         ended
+    }
+
+    /// Resolves once this runtime has not run a task within `every`: it
+    /// lives but rests (a current-thread runtime between two `block_on`s),
+    /// or is shutting down, and drives none of its connections. A runtime
+    /// that runs keeps this pending, however slow its connection is.
+    pub(crate) async fn resting(&self, every: Duration) {
+        loop {
+            let (ran, probe) = oneshot::channel();
+            self.handle.spawn(async move {
+                let _ = ran.send(());
+            });
+            if !matches!(tokio::time::timeout(every, probe).await, Ok(Ok(()))) {
+                return;
+            }
+            tokio::time::sleep(every).await;
+        }
     }
 
     /// Whether a connection of this runtime ended unkilled, one Redis can
