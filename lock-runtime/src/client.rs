@@ -16,8 +16,12 @@ use crate::{LockClientBuilder, LockError};
 /// A handle to one lock service: a Redis deployment or this process.
 ///
 /// Cheap to clone (an `Arc`); clones share connections and one watchdog.
-/// The client runs its connections on a small I/O thread of its own, so it
-/// can be made in one tokio runtime and used from another.
+/// It can be made in one tokio runtime and used from another: what
+/// outlives a caller (the watchdog, background releases) runs on a small
+/// I/O thread of the client's own, while a caller's commands go over a
+/// connection its own runtime drives. Per Redis server that is at most one
+/// connection per live runtime that used the client, plus the I/O
+/// thread's, plus one for subscriptions (see `docs/DEPLOYMENTS.md`).
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), lock_runtime::LockError> {
@@ -403,10 +407,29 @@ impl LockClient {
     }
 
     /// Take back, on the I/O thread, an attempt of `owner` whose outcome is
-    /// unknown (see [`Backend::undo`]).
+    /// unknown (see [`Backend::undo`]), sent from the runtime this runs on.
     pub(crate) fn undo_in_background(&self, name: LockName, owner: Arc<str>) {
+        self.undo_sent_from(self.inner.io.caller_runtime(), name, owner);
+    }
+
+    /// The runtime whose connection an operation started here goes over
+    /// (`None`: the I/O thread's), for [`undo_sent_from`](Self::undo_sent_from).
+    pub(crate) fn caller_runtime(&self) -> Option<tokio::runtime::Id> {
+        self.inner.io.caller_runtime()
+    }
+
+    /// Take back, on the I/O thread, an attempt of `owner` whose outcome is
+    /// unknown and that was sent from the runtime `from`: behind it, on that
+    /// runtime's connection, or once that connection can carry nothing
+    /// more (see `backend/runtimes.rs`).
+    pub(crate) fn undo_sent_from(
+        &self,
+        from: Option<tokio::runtime::Id>,
+        name: LockName,
+        owner: Arc<str>,
+    ) {
         let client = self.clone();
-        self.inner.io.spawn(async move {
+        self.inner.io.spawn_behind(from, async move {
             if let Err(e) = client.inner.backend.undo(&name, &owner).await {
                 tracing::warn!(key = %name.key, error = %e, "taking back a lock attempt failed; what it took expires with its lease");
             }

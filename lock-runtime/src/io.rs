@@ -1,10 +1,17 @@
-//! Where a client's background work runs.
+//! Where a client's work runs.
 //!
-//! A Redis client's connections, watchdog, wake-ups and background
-//! releases live on a small runtime that belongs to the client, not to
-//! whichever runtime created it. A client made in one `#[tokio::test]`
-//! keeps working in the next, and work handed to it (a release after a
-//! drop, an acquire whose caller went away) runs to its end.
+//! What must outlive a caller (the watchdog, background releases, the
+//! undo of an attempt whose caller went away, orphan-grant timers,
+//! Sentinel's refresher, subscriptions) lives on a small runtime that
+//! belongs to the client, not to whichever runtime created it. A client
+//! made in one `#[tokio::test]` keeps working in the next, and work handed
+//! to it runs to its end.
+//!
+//! A caller's own operations run in the caller's task ([`Io::here`]), and
+//! on one Redis (or Sentinel's primary, or each Redlock node) they go over a
+//! connection of the caller's runtime, driven by that runtime: the reply
+//! wakes the caller on its own thread. [`Route`] tells the backend, while
+//! an operation is polled, whose connection to use.
 //!
 //! The in-memory client has no connections: its work runs on the caller's
 //! runtime, with that runtime's clock, so `tokio::time::pause()` and
@@ -12,13 +19,14 @@
 //! that is shutting down (the previous `#[tokio::test]`'s) moves to one
 //! process-wide fallback thread, as does work spawned outside any runtime.
 
+use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::LazyLock;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::runtime::Handle;
+use tokio::runtime::{Handle, Id, RuntimeFlavor};
 use tokio::sync::oneshot;
 
 use crate::LockError;
@@ -92,17 +100,45 @@ impl Io {
     }
 
     /// Poll `fut` in the caller's task with the I/O runtime as the current
-    /// runtime: the caller's own threads do the work (no hop to the I/O
-    /// thread and back), while whatever `fut` spawns or times (a reconnect,
-    /// a timeout) lives on the I/O runtime, which outlives every caller.
+    /// runtime: the caller's own threads do the work, while whatever `fut`
+    /// spawns or times (a connection to a new primary, a subscription, a
+    /// timeout) lives on the I/O runtime, which outlives every caller. The
+    /// caller's runtime, taken before the I/O runtime is entered, is the
+    /// [`Route`] its commands take.
     pub(crate) fn here<F: Future>(&self, fut: F) -> Here<'_, F> {
         Here {
             io: match self {
                 Io::Own { handle, .. } => Some(handle),
                 Io::Caller => None,
             },
+            route: None,
+            started: false,
             fut,
         }
+    }
+
+    /// The runtime this code runs on, unless it is the I/O runtime (or
+    /// there is none, or the client has no runtime of its own): what an
+    /// operation sent from here goes over, and so what its undo must
+    /// follow.
+    pub(crate) fn caller_runtime(&self) -> Option<Id> {
+        let Io::Own { handle, .. } = self else {
+            return None;
+        };
+        caller_of(handle).map(|h| h.id())
+    }
+
+    /// Fire and forget `fut`, which takes back what a task of runtime
+    /// `from` sent (see [`Route::Behind`]).
+    pub(crate) fn spawn_behind(
+        &self,
+        from: Option<Id>,
+        fut: impl Future<Output = ()> + Send + 'static,
+    ) {
+        self.spawn(Routed {
+            route: from.map(Route::Behind),
+            fut,
+        });
     }
 
     /// Fire and forget.
@@ -209,10 +245,72 @@ impl Drop for Rescued {
     }
 }
 
+/// Which connection the commands of an operation go over, while it is
+/// polled (see [`route`]).
+pub(crate) enum Route {
+    /// Sent from a task of this runtime: over the connection this runtime
+    /// drives, opened on first use.
+    Caller(Handle),
+    /// Taking back what a task of the runtime with this id sent: behind
+    /// it, on the same connection, or once that connection can carry
+    /// nothing more (see `backend/runtimes.rs`).
+    Behind(Id),
+}
+
+/// The runtime whose connection a caller here is best served by: its own,
+/// if its replies can wake it on its own thread, which is so on a
+/// current-thread runtime and in a task of a multi-thread one. A future
+/// that a multi-thread runtime's `block_on` polls is off that runtime's
+/// worker threads: any reply crosses threads to reach it, and the I/O
+/// thread's connection (`None`), on a thread of its own, serves it sooner.
+fn caller_of(io: &Handle) -> Option<Handle> {
+    let here = Handle::try_current().ok()?;
+    let driven_here = match here.runtime_flavor() {
+        RuntimeFlavor::CurrentThread => true,
+        _ => tokio::task::try_id().is_some(),
+    };
+    (driven_here && here.id() != io.id()).then_some(here)
+}
+
+thread_local! {
+    /// The route of the operation being polled on this thread.
+    static ROUTE: Cell<Option<Route>> = const { Cell::new(None) };
+}
+
+/// Look at the route of the operation being polled (`None`: background
+/// work, or a caller outside any runtime: the I/O runtime's connection).
+pub(crate) fn route<T>(f: impl FnOnce(Option<&Route>) -> T) -> T {
+    ROUTE.with(|cell| {
+        let route = cell.take();
+        let out = f(route.as_ref());
+        cell.set(route);
+        out
+    })
+}
+
+/// Put `route` in place while `poll` runs, and take it back after.
+fn polled_with<T>(route: &mut Option<Route>, poll: impl FnOnce() -> T) -> T {
+    /// Puts the outer route back also when `poll` panics.
+    struct Back<'a> {
+        route: &'a mut Option<Route>,
+        outer: Option<Route>,
+    }
+    impl Drop for Back<'_> {
+        fn drop(&mut self) {
+            *self.route = ROUTE.with(|cell| cell.replace(self.outer.take()));
+        }
+    }
+    let outer = ROUTE.with(|cell| cell.replace(route.take()));
+    let _back = Back { route, outer };
+    poll()
+}
+
 pin_project_lite::pin_project! {
     /// See [`Io::here`].
     pub(crate) struct Here<'a, F> {
         io: Option<&'a Handle>,
+        route: Option<Route>,
+        started: bool,
         #[pin]
         fut: F,
     }
@@ -223,8 +321,36 @@ impl<F: Future> Future for Here<'_, F> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.project();
-        let _rt = this.io.map(Handle::enter);
-        this.fut.poll(cx)
+        let Some(io) = *this.io else {
+            return this.fut.poll(cx);
+        };
+        if !*this.started {
+            // Before the I/O runtime is entered: the caller's own.
+            *this.started = true;
+            *this.route = caller_of(io).map(Route::Caller);
+        }
+        let _rt = io.enter();
+        let fut = this.fut;
+        polled_with(this.route, || fut.poll(cx))
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A future polled with a [`Route`] in place.
+    struct Routed<F> {
+        route: Option<Route>,
+        #[pin]
+        fut: F,
+    }
+}
+
+impl<F: Future> Future for Routed<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        let fut = this.fut;
+        polled_with(this.route, || fut.poll(cx))
     }
 }
 

@@ -42,7 +42,7 @@ impl LockName {
                 "a key may not start with `}`: it would empty the Redis Cluster hash tag",
             ));
         }
-        Ok(Self::named(key.into(), format!("{prefix}{{{key}}}").into()))
+        Ok(Self::named(key.into(), tagged(prefix, key)))
     }
 
     /// The lock whose grant channel is `channel`
@@ -58,7 +58,7 @@ impl LockName {
     }
 
     /// The key prefix this name was made with.
-    fn prefix(&self) -> &str {
+    pub(crate) fn prefix(&self) -> &str {
         &self.hash[..self.hash.len() - self.key.len() - 2]
     }
 
@@ -133,6 +133,25 @@ impl LockName {
                 .any(|n| n == redis_name);
         ours.then(|| key.to_owned())
     }
+}
+
+/// `prefix{key}`, made straight into its shared string (one allocation,
+/// not a `String` grown and then copied, for the usual short names).
+fn tagged(prefix: &str, key: &str) -> Arc<str> {
+    const SHORT: usize = 192;
+    let len = prefix.len() + key.len() + 2;
+    if len > SHORT {
+        return format!("{prefix}{{{key}}}").into();
+    }
+    let mut buf = [0u8; SHORT];
+    let parts: [&[u8]; 4] = [prefix.as_bytes(), b"{", key.as_bytes(), b"}"];
+    let mut at = 0;
+    for part in parts {
+        buf[at..at + part.len()].copy_from_slice(part);
+        at += part.len();
+    }
+    // Whole UTF-8 strings and ASCII braces, in order: UTF-8.
+    std::str::from_utf8(&buf[..len]).map_or_else(|_| format!("{prefix}{{{key}}}").into(), Arc::from)
 }
 
 /// Whether an owner id is a reader's (`<client id>:r<n>`): every backend

@@ -331,6 +331,7 @@ impl LockRequest {
         // `protocol/acquiring.rs`); `unsure` takes back what an attempt may
         // have left if the request ends without the lock.
         let mut unsure = Unsure {
+            from: client.caller_runtime(),
             client: client.clone(),
             name: name.clone(),
             owner: owner.clone(),
@@ -722,6 +723,9 @@ async fn pause_or_give_up(
 /// attempt settles it (granted, or busy), the lock it may have taken is
 /// released — also when the request future is dropped.
 struct Unsure {
+    /// The runtime whose connection the attempts go over: the undo follows
+    /// them there.
+    from: Option<tokio::runtime::Id>,
     client: LockClient,
     name: LockName,
     owner: Arc<str>,
@@ -734,7 +738,7 @@ impl Drop for Unsure {
     fn drop(&mut self) {
         if self.acq.pending {
             self.client
-                .undo_in_background(self.name.clone(), self.owner.clone());
+                .undo_sent_from(self.from, self.name.clone(), self.owner.clone());
         }
     }
 }

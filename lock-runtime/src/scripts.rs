@@ -1,6 +1,6 @@
 //! The Lua scripts every Redis-speaking backend runs, one copy each.
 
-use redis::{Cmd, ErrorKind, RedisError};
+use redis::{Cmd, ErrorKind, RedisError, RedisWrite, ToRedisArgs};
 
 /// A script called by EVALSHA; loaded on first NOSCRIPT.
 pub(crate) struct Script {
@@ -39,22 +39,67 @@ pub(crate) const ALL: [&Script; 7] = [
     &INSPECT,
 ];
 
+/// One argument of a script call, written straight into the command: a
+/// number costs no string of its own.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Arg<'a> {
+    Str(&'a str),
+    Num(u64),
+    /// A number behind a one-letter tag (`w1500`).
+    Tagged(char, u64),
+}
+
+impl Arg<'_> {
+    /// Bytes it takes, at most.
+    fn len(&self) -> usize {
+        match self {
+            Arg::Str(s) => s.len(),
+            Arg::Num(_) => 20,
+            Arg::Tagged(..) => 24,
+        }
+    }
+}
+
+impl ToRedisArgs for Arg<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        match *self {
+            Arg::Str(s) => out.write_arg(s.as_bytes()),
+            Arg::Num(n) => out.write_arg_fmt(n),
+            Arg::Tagged(tag, n) => out.write_arg_fmt(format_args!("{tag}{n}")),
+        }
+    }
+}
+
+impl<'a> From<&'a str> for Arg<'a> {
+    fn from(s: &'a str) -> Self {
+        Arg::Str(s)
+    }
+}
+
 impl Script {
-    /// `EVALSHA sha numkeys keys.. args..`.
-    pub(crate) fn evalsha(&self, keys: &[&str], args: &[&str]) -> Cmd {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(self.sha.as_str())
-            .arg(keys.len())
-            .arg(keys)
-            .arg(args);
-        cmd
+    /// `EVALSHA sha numkeys keys.. args..`, in one buffer sized for it.
+    pub(crate) fn evalsha(&self, keys: &[&str], args: &[Arg<'_>]) -> Cmd {
+        self.call("EVALSHA", self.sha.as_str(), keys, args)
     }
 
     /// `EVAL source numkeys keys.. args..`: runs and caches the script on
     /// the node that owns the keys (what a cluster needs after NOSCRIPT).
-    pub(crate) fn eval(&self, keys: &[&str], args: &[&str]) -> Cmd {
-        let mut cmd = redis::cmd("EVAL");
-        cmd.arg(self.source).arg(keys.len()).arg(keys).arg(args);
+    pub(crate) fn eval(&self, keys: &[&str], args: &[Arg<'_>]) -> Cmd {
+        self.call("EVAL", self.source, keys, args)
+    }
+
+    fn call(&self, verb: &str, script: &str, keys: &[&str], args: &[Arg<'_>]) -> Cmd {
+        let bytes = verb.len()
+            + script.len()
+            + 4
+            + keys.iter().map(|k| k.len()).sum::<usize>()
+            + args.iter().map(Arg::len).sum::<usize>();
+        let mut cmd = Cmd::with_capacity(3 + keys.len() + args.len(), bytes);
+        cmd.arg(verb)
+            .arg(script)
+            .arg(keys.len())
+            .arg(keys)
+            .arg(args);
         cmd
     }
 

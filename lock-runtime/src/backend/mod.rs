@@ -17,6 +17,7 @@ pub(crate) mod node;
 pub(crate) mod pubsub;
 pub(crate) mod redis;
 pub(crate) mod redlock;
+pub(crate) mod runtimes;
 pub(crate) mod sentinel;
 pub(crate) mod subscribers;
 

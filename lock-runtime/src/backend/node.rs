@@ -2,20 +2,35 @@
 //! EVALSHA over a self-healing connection to one Redis server or a Redis
 //! Cluster, each send repeated when its connection broke (every script is
 //! idempotent). Every Redis-speaking backend runs its locks through this.
+//!
+//! On one Redis server (also Sentinel's primary and each Redlock node), a
+//! caller's commands go over a connection of the caller's own runtime
+//! (`runtimes.rs`); background work, and callers outside any runtime, use
+//! the connection on the client's I/O thread. A Redis Cluster keeps one
+//! cluster connection, on the I/O thread.
 
+use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{
+    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
+};
 #[cfg(feature = "cluster")]
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, ConnectionInfo, FromRedisValue, Pipeline};
+use redis::{
+    AsyncConnectionConfig, Cmd, ConnectionInfo, FromRedisValue, Pipeline, RedisResult, RedisWrite,
+    Value,
+};
+use tokio::runtime::Handle;
 
 use super::endpoint::{self, Access};
 use super::fault::Fault;
+use super::runtimes::{Local, Runtimes};
 use super::{Acquired, Queue, Queued, Released, Renewal, Renewed};
+use crate::io::{self, Route};
 use crate::key::{is_reader, LockName};
-use crate::scripts::{self, Script};
+use crate::scripts::{self, Arg, Script};
 
 mod operations;
 
@@ -31,6 +46,23 @@ const MAX_RETRY_PAUSE: Duration = Duration::from_millis(200);
 
 /// The least time worth giving a send.
 const MIN_SEND: Duration = Duration::from_millis(20);
+
+/// How long a send may wait for its answer: until `until`, which is `of`
+/// after it was set. Made once per request; retries get what is left.
+#[derive(Debug, Clone, Copy)]
+struct Limit {
+    until: tokio::time::Instant,
+    of: Duration,
+}
+
+impl Limit {
+    fn from_now(of: Duration) -> Limit {
+        Limit {
+            until: tokio::time::Instant::now() + of,
+            of,
+        }
+    }
+}
 
 /// Faults after which the same command is sent again, while the operation
 /// timeout lasts: the connection broke (it is being re-established), the
@@ -86,11 +118,18 @@ impl NativeDelete {
 /// Redis Cluster (commands routed by key, following MOVED/ASK and failovers).
 #[derive(Clone)]
 pub(crate) struct RedisNode {
+    /// The I/O thread's connection.
     conn: Conn,
+    /// One Redis server: the connections of the runtimes that send from
+    /// their own tasks, at most one per live runtime.
+    runtimes: Option<Arc<Runtimes>>,
     pub(crate) addr: Arc<str>,
     settings: NodeSettings,
     /// Found at connect: releases without a script where possible.
     native_delete: Option<NativeDelete>,
+    /// `<prefix>fence`, the token counter of one server, made once for the
+    /// prefix it was last asked for.
+    counter: Arc<std::sync::OnceLock<(Arc<str>, Arc<str>)>>,
     /// The server refused the native delete once (a downgrade, an ACL
     /// that allows scripts only, a cluster half upgraded): scripts only.
     native_refused: Arc<std::sync::atomic::AtomicBool>,
@@ -103,14 +142,62 @@ enum Conn {
     Cluster(ClusterConnection),
 }
 
-async fn send<T: FromRedisValue>(
-    q: &Query,
-    conn: &mut impl ConnectionLike,
-) -> redis::RedisResult<T> {
+/// A connection a command can be sent on without boxing its future.
+trait Link: ConnectionLike + Send {
+    fn packed<'a>(
+        &'a mut self,
+        cmd: &'a Cmd,
+    ) -> impl Future<Output = RedisResult<Value>> + Send + 'a;
+}
+
+impl Link for MultiplexedConnection {
+    fn packed<'a>(
+        &'a mut self,
+        cmd: &'a Cmd,
+    ) -> impl Future<Output = RedisResult<Value>> + Send + 'a {
+        self.send_packed_command(cmd)
+    }
+}
+
+/// Boxed (inside `redis`): the manager's own future is large, and every
+/// lock operation's future would carry it inline.
+impl Link for ConnectionManager {
+    fn packed<'a>(
+        &'a mut self,
+        cmd: &'a Cmd,
+    ) -> impl Future<Output = RedisResult<Value>> + Send + 'a {
+        self.req_packed_command(cmd)
+    }
+}
+
+#[cfg(feature = "cluster")]
+impl Link for ClusterConnection {
+    fn packed<'a>(
+        &'a mut self,
+        cmd: &'a Cmd,
+    ) -> impl Future<Output = RedisResult<Value>> + Send + 'a {
+        self.req_packed_command(cmd)
+    }
+}
+
+async fn send<T: FromRedisValue>(q: &Query, conn: &mut impl Link) -> RedisResult<T> {
     match q {
-        Query::Cmd(c) => c.query_async::<T>(conn).await,
+        Query::Cmd(c) => Ok(redis::from_redis_value(
+            conn.packed(c).await?.extract_error()?,
+        )?),
         Query::Pipe(p) => p.query_async::<T>(conn).await,
     }
+}
+
+/// The connection is gone: the next command needs another.
+fn broke(e: &redis::RedisError) -> bool {
+    super::fault::connection_broke(e) || e.is_unrecoverable_error()
+}
+
+/// Where an operation's commands go (see [`Route`]).
+enum Via {
+    Caller(Handle),
+    Behind(tokio::runtime::Id),
 }
 
 impl RedisNode {
@@ -127,9 +214,10 @@ impl RedisNode {
     ) -> Result<Self, Fault> {
         let client = endpoint::client(info, &settings.access)?;
         let addr: Arc<str> = client.get_connection_info().addr().to_string().into();
+        // No response timeout of its own: each command has its caller's.
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(settings.connect_timeout))
-            .set_response_timeout(Some(settings.op_timeout))
+            .set_response_timeout(None)
             .set_number_of_retries(2)
             .set_min_delay(Duration::from_millis(50))
             .set_max_delay(Duration::from_millis(500));
@@ -141,11 +229,19 @@ impl RedisNode {
         .await
         .map_err(|_| Fault::timed_out(format!("connecting to Redis at {addr}"), budget))?
         .map_err(|e| Fault::redis(format!("connecting to Redis at {addr}"), e))?;
+        let runtimes = Runtimes::new(
+            client,
+            AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(settings.connect_timeout))
+                .set_response_timeout(None),
+        );
         let mut node = RedisNode {
             conn: Conn::Single(conn),
+            runtimes: Some(Arc::new(runtimes)),
             addr,
             settings,
             native_delete: None,
+            counter: Arc::default(),
             native_refused: Arc::default(),
         };
         node.load_scripts().await?;
@@ -204,9 +300,11 @@ impl RedisNode {
     ) -> Self {
         RedisNode {
             conn: Conn::Cluster(conn),
+            runtimes: None,
             addr,
             settings,
             native_delete: None,
+            counter: Arc::default(),
             native_refused: Arc::default(),
         }
     }
@@ -245,8 +343,8 @@ impl RedisNode {
         cmd: Cmd,
         what: &str,
     ) -> Result<T, Fault> {
-        self.query(Query::Cmd(cmd), what, self.settings.op_timeout)
-            .await
+        let limit = Limit::from_now(self.settings.op_timeout);
+        self.query(&Query::Cmd(cmd), what, limit).await
     }
 
     async fn load_scripts(&self) -> Result<(), Fault> {
@@ -255,37 +353,165 @@ impl RedisNode {
             pipe.add_command(s.load());
         }
         self.query::<Vec<String>>(
-            pipe_cmd(pipe),
+            &Query::Pipe(pipe),
             "loading lock scripts",
-            self.settings.op_timeout,
+            Limit::from_now(self.settings.op_timeout),
         )
         .await?;
         Ok(())
     }
 
-    /// One send, answered within `limit`.
+    /// One send, answered within `limit`: the one timer of the send (the
+    /// connections have no response timeout of their own).
     async fn query<T: FromRedisValue>(
         &self,
-        q: Query,
+        q: &Query,
         what: &str,
-        limit: Duration,
+        limit: Limit,
     ) -> Result<T, Fault> {
-        let mut conn = self.conn.clone();
-        let fut = async {
-            match &mut conn {
-                Conn::Single(c) => send(&q, c).await,
-                #[cfg(feature = "cluster")]
-                Conn::Cluster(c) => send(&q, c).await,
-            }
-        };
-        match tokio::time::timeout(limit, fut).await {
+        match tokio::time::timeout_at(limit.until, self.send(q)).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(Fault::redis(format!("{what} on Redis at {}", self.addr), e)),
             Err(_) => Err(Fault::timed_out(
                 format!("{what} on Redis at {}", self.addr),
-                limit,
+                limit.of,
             )),
         }
+    }
+
+    /// Send `q` where the operation being polled goes (see [`Route`]): a
+    /// caller's over its runtime's connection, an undo behind what it
+    /// takes back, anything else over the I/O thread's connection.
+    async fn send<T: FromRedisValue>(&self, q: &Query) -> RedisResult<T> {
+        let Some(runtimes) = &self.runtimes else {
+            return self.send_home(q).await;
+        };
+        let via = io::route(|r| match r? {
+            Route::Caller(h) => Some(Via::Caller(h.clone())),
+            Route::Behind(id) => Some(Via::Behind(*id)),
+        });
+        match via {
+            Some(Via::Caller(caller)) => {
+                // `None`: that runtime is shutting down.
+                if let Some(picked) = runtimes.pick(&caller).await {
+                    let picked = picked?;
+                    if picked.local().has_ended() {
+                        // An earlier command of this runtime (an attempt a
+                        // Redlock undo now takes back) may still be on a
+                        // connection that ended: killed first, it cannot
+                        // run after this one.
+                        self.kill_ended(picked.local()).await;
+                    }
+                    let mut conn = picked.conn.clone();
+                    let out = send(q, &mut conn).await;
+                    if matches!(&out, Err(e) if broke(e)) {
+                        picked.broke();
+                    }
+                    return out;
+                }
+            }
+            Some(Via::Behind(id)) => {
+                if let Some(local) = runtimes.find(id) {
+                    // Boxed: rare, and deep.
+                    return Box::pin(self.send_behind(&local, q)).await;
+                }
+            }
+            None => {}
+        }
+        self.send_home(q).await
+    }
+
+    /// Over the I/O thread's connection.
+    async fn send_home<T: FromRedisValue>(&self, q: &Query) -> RedisResult<T> {
+        match &self.conn {
+            Conn::Single(c) => send(q, &mut c.clone()).await,
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(c) => send(q, &mut c.clone()).await,
+        }
+    }
+
+    /// An undo of what a task of `local`'s runtime sent: behind it, over
+    /// that runtime's connection while it drives one. A connection of that
+    /// runtime that ended (with the runtime, or broken) may still have an
+    /// attempt on its way to Redis: it is killed first, and Redis runs
+    /// nothing more it sent; then the undo goes over the open connection,
+    /// or the I/O thread's. Where Redis will not kill it (`CLIENT KILL` not
+    /// allowed to this user) or cannot name it (before Redis 6.2), the undo
+    /// is sent once more a moment later, behind what was still on the wire.
+    async fn send_behind<T: FromRedisValue>(
+        &self,
+        local: &Arc<Local>,
+        q: &Query,
+    ) -> RedisResult<T> {
+        let mut fenced = true;
+        let mut stalled = false;
+        let out = loop {
+            fenced &= self.kill_ended(local).await;
+            let Some(picked) = local.open_conn().filter(|_| !stalled) else {
+                break self.send_home(q).await;
+            };
+            let mut conn = picked.conn.clone();
+            // A runtime that lives but is not running (a current-thread
+            // runtime between two `block_on`s) does not drive its
+            // connection: the undo would wait there for as long as it
+            // rests. Once it is seen resting, the connection is given up,
+            // killed with what it carries, and the undo goes over the I/O
+            // thread's. A slow connection of a running runtime (a partition)
+            // keeps the undo behind its attempt.
+            tokio::select! {
+                out = send(q, &mut conn) => match out {
+                    // Ended under it: killed at the top, then sent elsewhere.
+                    Err(e) if broke(&e) => picked.broke(),
+                    other => break other,
+                },
+                () = local.resting(self.settings.op_timeout / 4) => {
+                    stalled = true;
+                    picked.broke();
+                }
+            }
+        };
+        if !fenced {
+            let (node, q) = (self.clone(), q.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(node.settings.op_timeout).await;
+                let sent = node.send_home::<Value>(&q);
+                let _ = tokio::time::timeout(node.settings.op_timeout, sent).await;
+            });
+        }
+        out
+    }
+
+    /// Kill the connections of `local`'s runtime that ended: whether
+    /// nothing they sent can run on Redis any more.
+    async fn kill_ended(&self, local: &Local) -> bool {
+        let mut all = true;
+        for who in local.ended() {
+            let Some(who) = who else {
+                all = false;
+                continue;
+            };
+            let mut kill = redis::cmd("CLIENT");
+            kill.arg("KILL")
+                .arg("ID")
+                .arg(who.id)
+                .arg("ADDR")
+                .arg(&who.addr)
+                .arg("SKIPME")
+                .arg("yes");
+            match self.send_home::<i64>(&Query::Cmd(kill)).await {
+                Ok(_) => local.killed(&who),
+                Err(e) => {
+                    tracing::debug!(redis = %self.addr, error = %e, "cannot close a connection that may still carry a lock attempt; its undo is sent twice");
+                    // Refused by the server (an ACL without `CLIENT
+                    // KILL`): not asked again.
+                    if e.code().is_some() {
+                        local.unkillable(&who);
+                    }
+                    all = false;
+                }
+            }
+        }
+        all
     }
 
     /// EVALSHA; if Redis lost the script (restart, failover to a replica
@@ -300,7 +526,7 @@ impl RedisNode {
         &self,
         script: &Script,
         keys: &[&str],
-        args: &[&str],
+        args: &[Arg<'_>],
     ) -> Result<T, Fault> {
         Ok(self.eval_noting_repeats(script, keys, args).await?.0)
     }
@@ -311,12 +537,14 @@ impl RedisNode {
         &self,
         script: &Script,
         keys: &[&str],
-        args: &[&str],
+        args: &[Arg<'_>],
     ) -> Result<(T, bool), Fault> {
+        // Made once, sent as often as it takes.
+        let sha = Query::Cmd(script.evalsha(keys, args));
         let ran_before = std::sync::atomic::AtomicBool::new(false);
-        let ran_before = &ran_before;
+        let (ran_before, sha) = (&ran_before, &sha);
         self.retrying(|limit| async move {
-            let out = self.eval_once(script, keys, args, limit).await;
+            let out = self.eval_once(script, sha, keys, args, limit).await;
             if let Err(e) = &out {
                 if e.may_have_run() {
                     ran_before.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -337,7 +565,7 @@ impl RedisNode {
     /// connection that replaces it.
     async fn retrying<T, F, Fut>(&self, op: F) -> Result<T, Fault>
     where
-        F: FnMut(Duration) -> Fut,
+        F: FnMut(Limit) -> Fut,
         Fut: std::future::Future<Output = Result<T, Fault>>,
     {
         self.retrying_by(None, op).await
@@ -345,13 +573,15 @@ impl RedisNode {
 
     /// [`retrying`](Self::retrying), ending by `by` if that comes first
     /// (a request whose server has not answered yet ends by its deadline).
+    /// One deadline for the whole: each send's own limit is what is left of
+    /// it, and a send that is answered sets no other timer.
     async fn retrying_by<T, F, Fut>(
         &self,
         by: Option<tokio::time::Instant>,
         mut op: F,
     ) -> Result<T, Fault>
     where
-        F: FnMut(Duration) -> Fut,
+        F: FnMut(Limit) -> Fut,
         Fut: std::future::Future<Output = Result<T, Fault>>,
     {
         let now = tokio::time::Instant::now();
@@ -359,59 +589,77 @@ impl RedisNode {
         if let Some(by) = by {
             deadline = deadline.min(by.max(now + MIN_SEND));
         }
-        let budget = deadline - now;
-        let mut limit = (self.settings.op_timeout / 2).min(budget);
+        let first = (self.settings.op_timeout / 2).min(deadline - now);
+        let mut limit = Limit {
+            until: now + first,
+            of: first,
+        };
         let mut pause = RETRY_PAUSE;
         loop {
             let out = op(limit).await;
+            let Err(e) = &out else {
+                return out;
+            };
             let now = tokio::time::Instant::now();
-            match out {
-                Err(e) if resend(&e) && now + pause + MIN_SEND < deadline => {
-                    tracing::debug!(error = %e, "Redis command failed; sending it again");
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(MAX_RETRY_PAUSE);
-                    limit = deadline.saturating_duration_since(tokio::time::Instant::now());
-                }
-                other => return other,
+            if !(resend(e) && now + pause + MIN_SEND < deadline) {
+                return out;
             }
+            tracing::debug!(error = %e, "Redis command failed; sending it again");
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(MAX_RETRY_PAUSE);
+            limit = Limit {
+                until: deadline,
+                of: deadline.saturating_duration_since(tokio::time::Instant::now()),
+            };
         }
     }
 
+    /// One send of a script call made as `sha` (EVALSHA), by EVAL if the
+    /// server lost the script.
     async fn eval_once<T: FromRedisValue>(
         &self,
         script: &Script,
+        sha: &Query,
         keys: &[&str],
-        args: &[&str],
-        limit: Duration,
+        args: &[Arg<'_>],
+        limit: Limit,
     ) -> Result<T, Fault> {
         let what = script.name;
-        let sent = Instant::now();
-        match self
-            .query(Query::Cmd(script.evalsha(keys, args)), what, limit)
-            .await
-        {
+        match self.query(sha, what, limit).await {
+            // Within what is left of the same limit.
             Err(Fault::Redis { source, .. }) if scripts::is_noscript(&source) => {
-                let left = limit.saturating_sub(sent.elapsed());
-                self.query(Query::Cmd(script.eval(keys, args)), what, left)
+                self.query(&Query::Cmd(script.eval(keys, args)), what, limit)
                     .await
             }
             other => other,
         }
     }
 
-    /// The token counter of `name`'s slot on this server.
-    fn counter(&self, name: &LockName) -> String {
-        name.counter(self.is_cluster())
+    /// The token counter of `name`'s slot on this server: on one server,
+    /// one name for every lock of a prefix, made once.
+    fn counter(&self, name: &LockName) -> std::borrow::Cow<'_, str> {
+        if !self.is_cluster() {
+            let prefix = name.prefix();
+            let (p, counter) = self
+                .counter
+                .get_or_init(|| (prefix.into(), name.counter(false).into()));
+            if **p == *prefix {
+                return std::borrow::Cow::Borrowed(counter);
+            }
+        }
+        std::borrow::Cow::Owned(name.counter(self.is_cluster()))
     }
 
     /// The KEYS of `acquire.lua` and `release.lua`: the lock and its slot's
     /// counter; on a Cluster also the lock's queue, waiters and readers, so
     /// that a slot on the move refuses the whole call before it runs
     /// (`TRYAGAIN`) instead of stopping it at a key that already moved.
-    fn script_keys(&self, name: &LockName) -> Vec<String> {
-        let mut keys = vec![name.hash.to_string(), self.counter(name)];
+    fn script_keys<'a>(&'a self, name: &'a LockName) -> Vec<std::borrow::Cow<'a, str>> {
+        let mut keys = vec![std::borrow::Cow::Borrowed(&*name.hash), self.counter(name)];
         if self.is_cluster() {
-            keys.extend([name.queue(), name.waiters(), name.readers()]);
+            keys.extend(
+                [name.queue(), name.waiters(), name.readers()].map(std::borrow::Cow::Owned),
+            );
         }
         keys
     }
@@ -434,19 +682,19 @@ impl RedisNode {
         floor: Option<u64>,
         queue: Queue,
     ) -> Result<Acquired, Fault> {
-        let lease_ms = millis(lease).to_string();
+        let lease_ms = millis(lease);
         if !queue.fence && !is_reader(owner) && floor.is_none() && !queue.rejoin {
-            let mut set = redis::cmd("SET");
-            set.arg(&*name.hash)
+            let mut set = Cmd::with_capacity(7, name.hash.len() + owner.len() + 40);
+            set.arg("SET")
+                .arg(&*name.hash)
                 .arg(owner)
                 .arg("NX")
                 .arg("PX")
-                .arg(&lease_ms)
+                .arg(lease_ms)
                 .arg("GET");
+            let set = Query::Cmd(set);
             let held: Option<String> = self
-                .retrying_by(queue.by, |limit| {
-                    self.query(Query::Cmd(set.clone()), "taking a lock", limit)
-                })
+                .retrying_by(queue.by, |limit| self.query(&set, "taking a lock", limit))
                 .await?;
             let Some(held) = held else {
                 return Ok(Acquired::Fresh { fence: 0 });
@@ -461,47 +709,64 @@ impl RedisNode {
             // Busy and to queue, or this owner's (the script answers
             // `Repeated` and sets the lease again).
         }
-        let floor = floor.map(|f| f.to_string());
         let stay = match (queue.stay, floor.is_none()) {
-            (None, _) => String::new(),
-            (Some(stay), false) => format!("w{}", millis(stay)),
-            (Some(stay), true) => millis(stay).to_string(),
+            (None, _) => Arg::Str(""),
+            (Some(stay), false) => Arg::Tagged('w', millis(stay)),
+            (Some(stay), true) => Arg::Num(millis(stay)),
         };
-        let ttl = millis(self.settings.fence_ttl).to_string();
+        let ttl = Arg::Num(millis(self.settings.fence_ttl));
         let keys = self.script_keys(name);
-        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let keys: Vec<&str> = keys.iter().map(|k| &**k).collect();
         let sent = std::sync::atomic::AtomicBool::new(false);
-        let reply: Vec<i64> = self
+        let reply: Value = self
             .retrying_by(queue.by, |limit| {
                 // Sent again after a send that may have run and queued this
                 // owner: if this one takes the lock, it leaves the queue.
                 let again = sent.swap(true, std::sync::atomic::Ordering::Relaxed);
-                let mut flags = String::with_capacity(2);
-                if queue.fence {
-                    flags.push('f');
-                }
-                if queue.rejoin || (again && queue.stay.is_some()) {
-                    flags.push('j');
-                }
-                let (lease_ms, stay, ttl, floor, keys) = (&lease_ms, &stay, &ttl, &floor, &keys);
-                async move {
-                    let mut args: Vec<&str> = vec![owner, lease_ms, stay, &flags, ttl];
-                    if let Some(f) = floor {
-                        args.push(f);
+                let flags = match (queue.fence, queue.rejoin || (again && queue.stay.is_some())) {
+                    (false, false) => "",
+                    (true, false) => "f",
+                    (false, true) => "j",
+                    (true, true) => "fj",
+                };
+                let mut args = [
+                    Arg::Str(owner),
+                    Arg::Num(lease_ms),
+                    stay,
+                    Arg::Str(flags),
+                    ttl,
+                    Arg::Num(0),
+                ];
+                let n = match floor {
+                    Some(f) => {
+                        args[5] = Arg::Num(f);
+                        6
                     }
-                    self.eval_once(&scripts::ACQUIRE, keys, &args, limit).await
+                    None => 5,
+                };
+                let keys = &keys;
+                async move {
+                    let args = &args[..n];
+                    let sha = Query::Cmd(scripts::ACQUIRE.evalsha(keys, args));
+                    self.eval_once(&scripts::ACQUIRE, &sha, keys, args, limit)
+                        .await
                 }
             })
             .await?;
-        let (flag, n, at) = match reply[..] {
-            [flag, n] => (flag, n, 0),
-            [flag, n, at] => (flag, n, at),
-            _ => {
-                return Err(Fault::other(format!(
-                    "acquire.lua on Redis at {}: unexpected reply {reply:?}",
-                    self.addr
-                )))
-            }
+        let int = |v: &Value| redis::from_redis_value_ref::<i64>(v).ok();
+        let (flag, n, at) = match &reply {
+            Value::Array(items) => match &items[..] {
+                [flag, n] => (int(flag), int(n), Some(0)),
+                [flag, n, at] => (int(flag), int(n), int(at)),
+                _ => (None, None, None),
+            },
+            _ => (None, None, None),
+        };
+        let (Some(flag), Some(n), Some(at)) = (flag, n, at) else {
+            return Err(Fault::other(format!(
+                "acquire.lua on Redis at {}: unexpected reply {reply:?}",
+                self.addr
+            )));
         };
         Ok(match flag {
             1 => Acquired::Fresh { fence: n as u64 },
@@ -515,20 +780,16 @@ impl RedisNode {
 
     /// The release script's flags: how it tells waiters, and for Redlock
     /// when it wakes them.
-    fn release_flags(&self, wake: Wake, forced: bool) -> String {
-        let mut flags = String::with_capacity(3);
-        if self.is_cluster() {
-            flags.push('s');
-        }
-        flags.push(match wake {
-            Wake::IfReleased => 'r',
-            Wake::Always => 'a',
-            Wake::Never => 'n',
-        });
-        if forced {
-            flags.push('f');
-        }
-        flags
+    fn release_flags(&self, wake: Wake, forced: bool) -> &'static str {
+        const FLAGS: [&str; 12] = [
+            "r", "a", "n", "rf", "af", "nf", "sr", "sa", "sn", "srf", "saf", "snf",
+        ];
+        let wake = match wake {
+            Wake::IfReleased => 0,
+            Wake::Always => 1,
+            Wake::Never => 2,
+        };
+        FLAGS[wake + 3 * usize::from(forced) + 6 * usize::from(self.is_cluster())]
     }
 
     /// Run the release script as `owner`: (its answer, whether an earlier
@@ -541,11 +802,15 @@ impl RedisNode {
         forced: bool,
     ) -> Result<(i64, bool), Fault> {
         let flags = self.release_flags(wake, forced);
-        let ttl = millis(self.settings.fence_ttl).to_string();
+        let ttl = millis(self.settings.fence_ttl);
         let keys = self.script_keys(name);
-        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-        self.eval_noting_repeats(&scripts::RELEASE, &keys, &[owner, &flags, &ttl])
-            .await
+        let keys: Vec<&str> = keys.iter().map(|k| &**k).collect();
+        self.eval_noting_repeats(
+            &scripts::RELEASE,
+            &keys,
+            &[Arg::Str(owner), Arg::Str(flags), Arg::Num(ttl)],
+        )
+        .await
     }
 
     /// Release `owner`'s lock: hand it to the first live waiter in its
@@ -591,26 +856,24 @@ impl RedisNode {
             .native_refused
             .load(std::sync::atomic::Ordering::Relaxed);
         if let Some(native) = self.native_delete.filter(|_| !refused) {
-            let value = if fence == 0 {
-                owner.to_string()
-            } else {
-                format!("{owner} {fence}")
-            };
-            let mut cmd = redis::cmd(native.command());
-            cmd.arg(&*name.hash);
+            let mut cmd = Cmd::with_capacity(4, name.hash.len() + owner.len() + 40);
+            cmd.arg(native.command()).arg(&*name.hash);
             if native == NativeDelete::DelEx {
                 cmd.arg("IFEQ");
             }
-            cmd.arg(value);
+            if fence == 0 {
+                cmd.arg(owner);
+            } else {
+                cmd.write_arg_fmt(format_args!("{owner} {fence}"));
+            }
+            let cmd = Query::Cmd(cmd);
             let (deleted, repeated): (i64, bool) = {
                 let ran = std::sync::atomic::AtomicBool::new(false);
                 let ran = &ran;
                 let cmd = &cmd;
                 let d = self
                     .retrying(|limit| async move {
-                        let out = self
-                            .query(Query::Cmd(cmd.clone()), "releasing a lock", limit)
-                            .await;
+                        let out = self.query(cmd, "releasing a lock", limit).await;
                         if matches!(&out, Err(e) if e.may_have_run()) {
                             ran.store(true, std::sync::atomic::Ordering::Relaxed);
                         }
@@ -654,12 +917,11 @@ impl RedisNode {
         owner: &str,
         left: Duration,
     ) -> Result<Released, Fault> {
-        let left = millis(left).to_string();
         let kept: i64 = self
             .eval(
                 &scripts::KEEP,
                 &[&name.hash, &name.readers()],
-                &[owner, &left],
+                &[Arg::Str(owner), Arg::Num(millis(left))],
             )
             .await?;
         Ok(if kept == 1 {
@@ -678,10 +940,9 @@ impl RedisNode {
         pipe.cmd("HEXISTS").arg(name.waiters()).arg(owner);
         pipe.cmd("GET").arg(&*name.hash);
         pipe.cmd("ZSCORE").arg(name.readers()).arg(owner);
+        let pipe = Query::Pipe(pipe);
         let (queued, value, reads): (bool, Option<String>, Option<String>) = self
-            .retrying(|limit| {
-                self.query(Query::Pipe(pipe.clone()), "checking the lock queue", limit)
-            })
+            .retrying(|limit| self.query(&pipe, "checking the lock queue", limit))
             .await?;
         let holder = value.as_deref().and_then(|v| v.split(' ').next());
         Ok(queued || holder == Some(owner) || (reads.is_some() && holder == Some("~r")))
@@ -696,16 +957,13 @@ impl RedisNode {
         owner: &str,
         fence: u64,
     ) -> Result<(), Fault> {
-        let (fence, ttl) = (
-            fence.to_string(),
-            millis(self.settings.fence_ttl).to_string(),
-        );
+        let ttl = millis(self.settings.fence_ttl);
         let counter = self.counter(name);
         let _: i64 = self
             .eval(
                 &scripts::RAISE_FENCE,
                 &[&name.hash, &counter],
-                &[owner, &fence, &ttl],
+                &[Arg::Str(owner), Arg::Num(fence), Arg::Num(ttl)],
             )
             .await?;
         Ok(())
@@ -721,7 +979,7 @@ impl RedisNode {
         match self.retrying(|limit| self.renew_once(batch, limit)).await {
             Err(Fault::Redis { source, .. }) if scripts::is_noscript(&source) => {
                 match self.load_scripts().await {
-                    Ok(()) => self.renew_once(batch, op).await,
+                    Ok(()) => self.renew_once(batch, Limit::from_now(op)).await,
                     Err(e) => Err(e),
                 }
             }
@@ -737,9 +995,8 @@ impl RedisNode {
     }
 
     async fn renew_one(&self, r: &Renewal) -> Renewed {
-        let lease = millis(r.lease).to_string();
         let (front, rest) = owner_parts(&r.owner);
-        let args = [&*lease, front, rest];
+        let args = [Arg::Num(millis(r.lease)), Arg::Str(front), Arg::Str(rest)];
         let out = if is_reader(&r.owner) {
             let keys = [&*r.name.hash, &r.name.readers()];
             self.eval::<Vec<u8>>(&scripts::RENEW_READ, &keys, &args)
@@ -755,7 +1012,7 @@ impl RedisNode {
         }
     }
 
-    async fn renew_once(&self, batch: &[Renewal], limit: Duration) -> Result<Vec<Renewed>, Fault> {
+    async fn renew_once(&self, batch: &[Renewal], limit: Limit) -> Result<Vec<Renewed>, Fault> {
         // One EVALSHA per lease and chunk: a client's locks mostly share a
         // lease, and all share the front of their owner ids, which then
         // travel once per call instead of once per lock. Each owner id is
@@ -781,12 +1038,12 @@ impl RedisNode {
         let mut calls = 0;
         for same in order.chunk_by(|&a, &b| group(a) == group(b)) {
             let (lease, front, read) = group(same[0]);
-            let lease = millis(lease).to_string();
+            let lease = millis(lease);
             for chunk in same.chunks(RENEW_CHUNK) {
-                let mut args: Vec<&str> = Vec::with_capacity(chunk.len() + 2);
-                args.push(&lease);
-                args.push(front);
-                args.extend(chunk.iter().map(|&i| parts[i].3));
+                let mut args: Vec<Arg<'_>> = Vec::with_capacity(chunk.len() + 2);
+                args.push(Arg::Num(lease));
+                args.push(Arg::Str(front));
+                args.extend(chunk.iter().map(|&i| Arg::Str(parts[i].3)));
                 if read {
                     let readers: Vec<String> =
                         chunk.iter().map(|&i| batch[i].name.readers()).collect();
@@ -803,7 +1060,9 @@ impl RedisNode {
                 calls += 1;
             }
         }
-        let flags: Vec<Vec<u8>> = self.query(pipe_cmd(pipe), "renewing locks", limit).await?;
+        let flags: Vec<Vec<u8>> = self
+            .query(&Query::Pipe(pipe), "renewing locks", limit)
+            .await?;
         if flags.len() != calls {
             return Err(Fault::other(format!(
                 "renewing locks: {} replies to {calls} calls",
@@ -842,13 +1101,10 @@ pub(crate) enum Wake {
     Never,
 }
 
+#[derive(Clone)]
 enum Query {
     Cmd(Cmd),
     Pipe(Pipeline),
-}
-
-fn pipe_cmd(p: Pipeline) -> Query {
-    Query::Pipe(p)
 }
 
 pub(crate) fn millis(d: Duration) -> u64 {

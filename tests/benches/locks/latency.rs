@@ -502,6 +502,16 @@ pub fn run(ctx: &Ctx, report: &mut Report) -> Floor {
             format!("{:.2}", r.commands_per_cycle()),
             Some(r.commands_per_cycle() <= 7.0 + 0.01),
         );
+        report.why(
+            "besides its two EVALSHA, the fenced acquire runs TIME and one SET ... GET on the \
+             slot's counter (the token), SET NX PX (the lock) and an HDEL of the owner from \
+             the waiters' hash, and the release GET and DEL. The HDEL is there because a \
+             waiting acquire may be a copy the transport sent again after an earlier copy \
+             queued its owner: a copy that then takes a free lock must leave the queue \
+             (docs/RELIABILITY.md, \"Delayed and repeated replies\"). What would meet it: \
+             dropping that HDEL, safe only where the transport never repeats a command; \
+             `fence(false)` runs 4 (round_trips.rs)",
+        );
     }
     floor
 }

@@ -106,10 +106,13 @@ impl RedisNode {
                 let mut conn = conn.clone();
                 let all = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
                 async move {
-                    tokio::time::timeout(limit, conn.route_command(redis::cmd("PING"), all))
-                        .await
-                        .map_err(|_| Fault::timed_out(what, limit))?
-                        .map_err(|e| Fault::redis(what, e))
+                    tokio::time::timeout_at(
+                        limit.until,
+                        conn.route_command(redis::cmd("PING"), all),
+                    )
+                    .await
+                    .map_err(|_| Fault::timed_out(what, limit.of))?
+                    .map_err(|e| Fault::redis(what, e))
                 }
             })
             .await?;
@@ -146,7 +149,8 @@ impl RedisNode {
                 .arg(SCAN_COUNT);
             let (next, found): (String, Vec<String>) = match at {
                 None => {
-                    self.retrying(|limit| self.query(Query::Cmd(cmd.clone()), &what, limit))
+                    let cmd = Query::Cmd(cmd.clone());
+                    self.retrying(|limit| self.query(&cmd, &what, limit))
                         .await?
                 }
                 #[cfg(feature = "cluster")]
@@ -191,9 +195,9 @@ impl RedisNode {
                 });
                 let cmd = cmd.clone();
                 async move {
-                    tokio::time::timeout(limit, conn.route_command(cmd, node))
+                    tokio::time::timeout_at(limit.until, conn.route_command(cmd, node))
                         .await
-                        .map_err(|_| Fault::timed_out(what, limit))?
+                        .map_err(|_| Fault::timed_out(what, limit.of))?
                         .map_err(|e| Fault::redis(what, e))
                 }
             })
