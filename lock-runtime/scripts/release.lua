@@ -25,12 +25,15 @@
 local lock, owner, flags = KEYS[1], ARGV[1], ARGV[2]
 local cur = redis.pcall('get', lock)
 local holder, tok, mark, from
-if type(cur) == 'string' then
+-- An unfenced hold nobody queued behind is the owner alone: no parsing.
+local mine = cur == owner
+if not mine and type(cur) == 'string' then
   holder, tok, mark, from = string.match(cur, '^(%S+) ?(%S*) ?(%S*) ?(%S*)$')
+  mine = holder == owner and (mark == '' or mark == '-')
 end
 
 -- The fast path, straight through: nobody waits behind this writer.
-if holder == owner and (mark == '' or mark == '-') then
+if mine then
   redis.call('del', lock)
   if string.find(flags, 'a', 1, true) then
     redis.call('publish', lock .. ':released', '')
