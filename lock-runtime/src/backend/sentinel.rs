@@ -351,10 +351,24 @@ impl SentinelBackend {
         name: &LockName,
         owner: &Arc<str>,
     ) -> Result<Released, Fault> {
-        let shared = &self.shared;
-        let (first, started) = (shared.current(), Instant::now());
-        match first.node.release(name, owner, Wake::IfReleased).await {
-            Err(e) if may_have_moved(&e) => match shared.after_failure(&first, started).await {
+        let (first, started) = (self.shared.current(), Instant::now());
+        let out = first.node.release(name, owner, Wake::IfReleased).await;
+        self.release_on_new_primary(&first, started, name, owner, out)
+            .await
+    }
+
+    /// A release that failed as if the primary moved is sent again to the
+    /// new one, if there is one; `out` otherwise.
+    async fn release_on_new_primary(
+        &self,
+        first: &Arc<Primary>,
+        started: Instant,
+        name: &LockName,
+        owner: &Arc<str>,
+        out: Result<Released, Fault>,
+    ) -> Result<Released, Fault> {
+        match out {
+            Err(e) if may_have_moved(&e) => match self.shared.after_failure(first, started).await {
                 Some(next) => match next.node.release(name, owner, Wake::IfReleased).await {
                     // The first send may have released it (and the new
                     // primary has that, or never had the lock).
@@ -395,20 +409,10 @@ impl SentinelBackend {
         owner: &Arc<str>,
         fence: u64,
     ) -> Result<Released, Fault> {
-        let shared = &self.shared;
-        let (first, started) = (shared.current(), Instant::now());
-        match first.node.release_writer(name, owner, fence).await {
-            Err(e) if may_have_moved(&e) => match shared.after_failure(&first, started).await {
-                Some(next) => match next.node.release(name, owner, Wake::IfReleased).await {
-                    // The first send may have released it (and the new
-                    // primary has that, or never had the lock).
-                    Ok(Released::NotOwner) if e.may_have_run() => Ok(Released::Freed),
-                    other => other,
-                },
-                None => Err(e),
-            },
-            other => other,
-        }
+        let (first, started) = (self.shared.current(), Instant::now());
+        let out = first.node.release_writer(name, owner, fence).await;
+        self.release_on_new_primary(&first, started, name, owner, out)
+            .await
     }
 
     pub(crate) async fn keep(

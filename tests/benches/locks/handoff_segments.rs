@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::grant_tap::Taps;
 use crate::report::Report;
-use crate::stats::{fmt_ns, fmt_opt};
+use crate::stats::{fmt_ns, fmt_opt, nearest_rank};
 
 /// What a traced run stamps (wall clock, ns since the epoch).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -31,13 +31,7 @@ impl Signed {
     }
 
     fn pct(&self, p: f64) -> Option<i64> {
-        if self.0.is_empty() {
-            return None;
-        }
-        let mut v = self.0.clone();
-        v.sort_unstable();
-        let rank = ((v.len() as f64 * p).ceil() as usize).clamp(1, v.len());
-        Some(v[rank - 1])
+        nearest_rank(&self.0, p)
     }
 }
 

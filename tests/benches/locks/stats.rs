@@ -35,13 +35,7 @@ impl Samples {
 
     /// Nearest-rank percentile, `p` in 0..=1.
     pub fn pct(&self, p: f64) -> Option<u64> {
-        if self.0.is_empty() {
-            return None;
-        }
-        let mut v = self.0.clone();
-        v.sort_unstable();
-        let rank = ((v.len() as f64 * p).ceil() as usize).clamp(1, v.len());
-        Some(v[rank - 1])
+        nearest_rank(&self.0, p)
     }
 
     pub fn p50(&self) -> Option<u64> {
@@ -201,4 +195,15 @@ pub fn process_cpu() -> Duration {
     }
     let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
     tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+/// Nearest-rank percentile of `samples`, `p` in 0..=1; `None` if empty.
+pub fn nearest_rank<T: Ord + Copy>(samples: &[T], p: f64) -> Option<T> {
+    if samples.is_empty() {
+        return None;
+    }
+    let mut v = samples.to_vec();
+    v.sort_unstable();
+    let rank = ((v.len() as f64 * p).ceil() as usize).clamp(1, v.len());
+    Some(v[rank - 1])
 }
