@@ -115,6 +115,7 @@ impl Wakeups {
     /// now on reach nobody here, and releases skip these waiters. Every
     /// waiter there subscribes again, where the slot now is, and checks
     /// whether it was passed over meanwhile.
+    #[cfg(feature = "cluster")]
     pub(crate) fn dropped_by_server(&self, channel: &str) {
         if let Some(slot) = self.slots.lock().unwrap().get_mut(channel) {
             slot.ready = false;
