@@ -310,6 +310,109 @@ fn memory(config: Config) -> (LockClient, MemoryControl) {
 }
 
 impl LockClient {
+    /// Connect to one Redis server (`redis://[:password@]host:port[/db]`).
+    ///
+    /// Fails with [`LockError::Backend`] within about 4 s if Redis cannot be
+    /// reached. Reconnects after a connection loss are automatic.
+    pub async fn connect(url: &str) -> Result<LockClient, LockError> {
+        Self::builder().connect(url).await
+    }
+
+    /// Redlock over independent Redis servers (three or five; not replicas
+    /// of each other). A lock is held while a majority grants it, so it
+    /// survives a minority of the servers failing.
+    ///
+    /// A majority must be reachable now; the others join when they answer.
+    /// See `docs/DEPLOYMENTS.md` for the persistence this needs.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lock_runtime::LockError> {
+    /// let client = lock_runtime::LockClient::redlock([
+    ///     "redis://10.0.0.1:6379",
+    ///     "redis://10.0.0.2:6379",
+    ///     "redis://10.0.0.3:6379",
+    /// ])
+    /// .await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn redlock(
+        urls: impl IntoIterator<Item = impl AsRef<str>>,
+    ) -> Result<LockClient, LockError> {
+        Self::builder().redlock(urls).await
+    }
+
+    /// Connect to the deployment the environment names (`LOCK_REDIS_URL`,
+    /// `LOCK_REDIS_SENTINELS` + `LOCK_REDIS_MASTER`, `LOCK_REDIS_CLUSTER`,
+    /// `LOCK_REDIS_REDLOCK`, else `REDIS_URL`); see
+    /// [`LockClientBuilder::from_env`](crate::LockClientBuilder::from_env).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lock_runtime::LockError> {
+    /// // LOCK_REDIS_URL=rediss://app:pw@redis.internal:6380
+    /// let client = lock_runtime::LockClient::from_env().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn from_env() -> Result<LockClient, LockError> {
+        Self::builder().from_env().await
+    }
+
+    /// A Redis Cluster, reached through any of its nodes. A lock's hash,
+    /// fence counter and channel share one slot; the client follows
+    /// MOVED/ASK redirects and failovers.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lock_runtime::LockError> {
+    /// let client = lock_runtime::LockClient::cluster(["redis://10.0.0.1:7000"]).await?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "cluster")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
+    pub async fn cluster(
+        urls: impl IntoIterator<Item = impl AsRef<str>>,
+    ) -> Result<LockClient, LockError> {
+        Self::builder().cluster(urls).await
+    }
+
+    /// A primary found through Redis Sentinel (`redis://host:26379` URLs of
+    /// the sentinels) under `master_name`; failovers are followed.
+    ///
+    /// The primary is reached at the address Sentinel reports, the way the
+    /// sentinel URLs say: over TLS if they are `rediss://` (feature `tls`),
+    /// with their user, password and database;
+    /// [`LockClientBuilder::sentinel_auth`] is for the sentinels' own
+    /// credentials. See
+    /// [`LockClientBuilder::replica_acks`] for locks that survive a failover.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lock_runtime::LockError> {
+    /// let client = lock_runtime::LockClient::sentinel(
+    ///     ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379", "redis://10.0.0.3:26379"],
+    ///     "mymaster",
+    /// )
+    /// .await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn sentinel(
+        urls: impl IntoIterator<Item = impl AsRef<str>>,
+        master_name: &str,
+    ) -> Result<LockClient, LockError> {
+        Self::builder().sentinel(urls, master_name).await
+    }
+
+    /// Locks held in this process only, with the same semantics as Redis.
+    /// For single-instance services and unit tests. Time is tokio's, read
+    /// on the runtime that uses the client: under `tokio::time::pause()`
+    /// leases, waits and renewals follow `tokio::time::advance`. See
+    /// [`memory_with_control`](Self::memory_with_control) for test hooks.
+    pub fn memory() -> LockClient {
+        Self::memory_with_control().0
+    }
+
+    /// Defaults (lease, wait, key prefix, retry timing) for a new client.
+    pub fn builder() -> LockClientBuilder {
+        LockClientBuilder::default()
+    }
+
     /// An in-memory client (see [`LockClient::memory`]) and its test hooks:
     /// [`MemoryControl::expire`] ends a hold as if its lease ran out, and
     /// [`MemoryControl::fail_next`] makes the next calls fail as a cut

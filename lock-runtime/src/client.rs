@@ -8,10 +8,9 @@ use crate::claims::{Claims, ORPHAN_AFTER};
 use crate::io::Io;
 use crate::key::LockName;
 use crate::protocol;
-use crate::request::LockRequest;
 use crate::wakeups::Waiter;
 use crate::watchdog::Watchdog;
-use crate::{LockClientBuilder, LockError};
+use crate::LockError;
 
 /// A handle to one lock service: a Redis deployment or this process.
 ///
@@ -127,194 +126,6 @@ impl std::fmt::Debug for LockClient {
 }
 
 impl LockClient {
-    /// Connect to one Redis server (`redis://[:password@]host:port[/db]`).
-    ///
-    /// Fails with [`LockError::Backend`] within about 4 s if Redis cannot be
-    /// reached. Reconnects after a connection loss are automatic.
-    pub async fn connect(url: &str) -> Result<LockClient, LockError> {
-        Self::builder().connect(url).await
-    }
-
-    /// Redlock over independent Redis servers (three or five; not replicas
-    /// of each other). A lock is held while a majority grants it, so it
-    /// survives a minority of the servers failing.
-    ///
-    /// A majority must be reachable now; the others join when they answer.
-    /// See `docs/DEPLOYMENTS.md` for the persistence this needs.
-    ///
-    /// ```no_run
-    /// # async fn demo() -> Result<(), lock_runtime::LockError> {
-    /// let client = lock_runtime::LockClient::redlock([
-    ///     "redis://10.0.0.1:6379",
-    ///     "redis://10.0.0.2:6379",
-    ///     "redis://10.0.0.3:6379",
-    /// ])
-    /// .await?;
-    /// # Ok(()) }
-    /// ```
-    pub async fn redlock(
-        urls: impl IntoIterator<Item = impl AsRef<str>>,
-    ) -> Result<LockClient, LockError> {
-        Self::builder().redlock(urls).await
-    }
-
-    /// Connect to the deployment the environment names (`LOCK_REDIS_URL`,
-    /// `LOCK_REDIS_SENTINELS` + `LOCK_REDIS_MASTER`, `LOCK_REDIS_CLUSTER`,
-    /// `LOCK_REDIS_REDLOCK`, else `REDIS_URL`); see
-    /// [`LockClientBuilder::from_env`](crate::LockClientBuilder::from_env).
-    ///
-    /// ```no_run
-    /// # async fn demo() -> Result<(), lock_runtime::LockError> {
-    /// // LOCK_REDIS_URL=rediss://app:pw@redis.internal:6380
-    /// let client = lock_runtime::LockClient::from_env().await?;
-    /// # Ok(()) }
-    /// ```
-    pub async fn from_env() -> Result<LockClient, LockError> {
-        Self::builder().from_env().await
-    }
-
-    /// A Redis Cluster, reached through any of its nodes. A lock's hash,
-    /// fence counter and channel share one slot; the client follows
-    /// MOVED/ASK redirects and failovers.
-    ///
-    /// ```no_run
-    /// # async fn demo() -> Result<(), lock_runtime::LockError> {
-    /// let client = lock_runtime::LockClient::cluster(["redis://10.0.0.1:7000"]).await?;
-    /// # Ok(()) }
-    /// ```
-    #[cfg(feature = "cluster")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
-    pub async fn cluster(
-        urls: impl IntoIterator<Item = impl AsRef<str>>,
-    ) -> Result<LockClient, LockError> {
-        Self::builder().cluster(urls).await
-    }
-
-    /// A primary found through Redis Sentinel (`redis://host:26379` URLs of
-    /// the sentinels) under `master_name`; failovers are followed.
-    ///
-    /// The primary is reached at the address Sentinel reports, the way the
-    /// sentinel URLs say: over TLS if they are `rediss://` (feature `tls`),
-    /// with their user, password and database;
-    /// [`LockClientBuilder::sentinel_auth`] is for the sentinels' own
-    /// credentials. See
-    /// [`LockClientBuilder::replica_acks`] for locks that survive a failover.
-    ///
-    /// ```no_run
-    /// # async fn demo() -> Result<(), lock_runtime::LockError> {
-    /// let client = lock_runtime::LockClient::sentinel(
-    ///     ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379", "redis://10.0.0.3:26379"],
-    ///     "mymaster",
-    /// )
-    /// .await?;
-    /// # Ok(()) }
-    /// ```
-    pub async fn sentinel(
-        urls: impl IntoIterator<Item = impl AsRef<str>>,
-        master_name: &str,
-    ) -> Result<LockClient, LockError> {
-        Self::builder().sentinel(urls, master_name).await
-    }
-
-    /// Locks held in this process only, with the same semantics as Redis.
-    /// For single-instance services and unit tests. Time is tokio's, read
-    /// on the runtime that uses the client: under `tokio::time::pause()`
-    /// leases, waits and renewals follow `tokio::time::advance`. See
-    /// [`memory_with_control`](Self::memory_with_control) for test hooks.
-    pub fn memory() -> LockClient {
-        Self::memory_with_control().0
-    }
-
-    /// Defaults (lease, wait, key prefix, retry timing) for a new client.
-    pub fn builder() -> LockClientBuilder {
-        LockClientBuilder::default()
-    }
-
-    /// Start building a lock request for `key`; `.await` it to acquire.
-    ///
-    /// Inside a `#[distributed_lock]` body, a key the body's scope already
-    /// holds is re-entered; elsewhere every call is a separate holder.
-    pub fn lock(&self, key: impl Into<String>) -> LockRequest {
-        LockRequest::new(self.clone(), key.into())
-    }
-
-    /// A read lock on `key`: shared by every reader, excluded by a writer.
-    ///
-    /// Readers hold the key together, each on its own lease (a reader that
-    /// dies lapses alone, and does not cut the others' leases short). A
-    /// writer waits for all of them to leave; once one waits, new readers
-    /// queue behind it, so a stream of readers cannot starve writers. When
-    /// a writer releases, every reader queued behind it gets the lock at
-    /// once; the last reader out hands it to the next writer. No polling.
-    ///
-    /// A reader's [`fence`](crate::LockGuard::fence) is the key's current
-    /// token (the last writer's); only writers raise it. In a scope that
-    /// holds the write lock, a read lock of the same key re-enters it; in
-    /// one that holds the read lock, asking for the write lock is
-    /// [`LockError::UpgradeRefused`] at once, since waiting for the other
-    /// readers could deadlock.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), lock_runtime::LockError> {
-    /// use lock_runtime::{LockClient, LockError};
-    /// use std::time::Duration;
-    ///
-    /// let client = LockClient::memory();
-    /// let a = client.read_lock("doc:7").await?;
-    /// let b = client.read_lock("doc:7").await?; // readers share
-    /// let writer = client.write_lock("doc:7").wait(Duration::ZERO).await;
-    /// assert!(matches!(writer, Err(LockError::Timeout { .. })));
-    /// let read_token = a.fence();
-    /// assert_eq!(b.fence(), read_token);
-    /// a.release().await?;
-    /// b.release().await?;
-    /// let w = client.write_lock("doc:7").await?;
-    /// assert!(w.fence() > read_token);
-    /// # Ok(()) }
-    /// ```
-    pub fn read_lock(&self, key: impl Into<String>) -> LockRequest {
-        LockRequest::new(self.clone(), key.into()).shared()
-    }
-
-    /// The exclusive lock on `key`: the same as [`lock`](Self::lock), named
-    /// to pair with [`read_lock`](Self::read_lock).
-    pub fn write_lock(&self, key: impl Into<String>) -> LockRequest {
-        self.lock(key)
-    }
-
-    /// [`lock_all`](Self::lock_all) with read locks: all keys read-held, or
-    /// none (what `#[distributed_lock(keys = [...], mode = "read")]` takes).
-    pub fn read_lock_all(&self, keys: impl IntoIterator<Item = impl Into<String>>) -> LockRequest {
-        self.lock_all(keys).shared()
-    }
-
-    /// One lock over several keys: all of them or none. Keys are taken in
-    /// sorted order (two callers naming the same keys in different orders
-    /// cannot deadlock), duplicates count once, and a key that cannot be
-    /// taken within the request's `wait` releases the others at once. The
-    /// guard's [`fence`](crate::LockGuard::fence) is the first key's token (sorted
-    /// order), [`fences`](crate::LockGuard::fences) all of them; the watchdog
-    /// renews all keys in its one call per tick. On a Cluster the keys may
-    /// live in different slots (one round trip per key to take them); on
-    /// Redlock each key is a Redlock.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), lock_runtime::LockError> {
-    /// let client = lock_runtime::LockClient::memory();
-    /// let guard = client.lock_all(["account:9", "account:1", "account:9"]).await?;
-    /// assert_eq!(guard.keys(), ["account:1", "account:9"]);
-    /// assert_eq!(guard.fences().len(), 2);
-    /// guard.release().await?;
-    /// # Ok(()) }
-    /// ```
-    pub fn lock_all(&self, keys: impl IntoIterator<Item = impl Into<String>>) -> LockRequest {
-        let mut keys = keys.into_iter().map(Into::into);
-        let first = keys.next().unwrap_or_default();
-        LockRequest::new(self.clone(), first).and_keys(keys.collect())
-    }
-
     /// This client's random id, the prefix of every holder id it writes.
     pub fn id(&self) -> &str {
         &self.inner.id
@@ -450,7 +261,7 @@ impl LockClient {
         self.inner.io.spawn(async move {
             let backend = &client.inner.backend;
             let out = match protocol::keep_for(until, tokio::time::Instant::now()) {
-                Some(left) => crate::guard::keep(backend, &name, &owner, left).await,
+                Some(left) => backend.keep(&name, &owner, left).await,
                 None => backend.release(&name, &owner).await,
             };
             if let Err(e) = out {

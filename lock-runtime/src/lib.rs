@@ -177,10 +177,12 @@ mod error;
 mod glob;
 mod global;
 mod guard;
+mod hold;
 mod info;
 mod io;
 mod key;
 mod metrics;
+mod on_lost;
 mod operations;
 mod protocol;
 mod request;
@@ -239,8 +241,8 @@ pub use info::{LockInfo, LockMode};
 /// # Ok(()) }
 /// ```
 pub use lock_macros::distributed_lock;
+pub use on_lost::OnLost;
 pub use request::LockRequest;
-pub use run::OnLost;
 #[doc(hidden)]
 pub use run::{LockResult, SkipResult};
 pub use scope::{current_fence, current_fences};

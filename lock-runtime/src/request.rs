@@ -8,14 +8,15 @@ use tokio::time::Instant;
 
 use crate::backend::fault::Fault;
 use crate::backend::{Acquired, Queue, Queued, Renewal};
-use crate::guard::Hold;
+use crate::hold::Hold;
 use crate::key::LockName;
 use crate::metrics;
+use crate::on_lost::OnLost;
 use crate::protocol::{self, Acquiring, AfterBusy, Listening, OnGrant};
 use crate::scope::{self, Reentry, Scope};
 use crate::spans;
 use crate::wakeups::{Waiter, Woken};
-use crate::{LockClient, LockError, LockGuard, OnLost};
+use crate::{LockClient, LockError, LockGuard};
 
 /// Longest lease accepted: a year is already a lock that outlives deploys.
 const MAX_LEASE: Duration = Duration::from_secs(366 * 24 * 3600);
@@ -68,6 +69,93 @@ pub struct LockRequest {
     /// What metrics and spans call this lock: the attribute's key template,
     /// or the name given by hand.
     label: &'static str,
+}
+
+impl LockClient {
+    /// Start building a lock request for `key`; `.await` it to acquire.
+    ///
+    /// Inside a `#[distributed_lock]` body, a key the body's scope already
+    /// holds is re-entered; elsewhere every call is a separate holder.
+    pub fn lock(&self, key: impl Into<String>) -> LockRequest {
+        LockRequest::new(self.clone(), key.into())
+    }
+
+    /// A read lock on `key`: shared by every reader, excluded by a writer.
+    ///
+    /// Readers hold the key together, each on its own lease (a reader that
+    /// dies lapses alone, and does not cut the others' leases short). A
+    /// writer waits for all of them to leave; once one waits, new readers
+    /// queue behind it, so a stream of readers cannot starve writers. When
+    /// a writer releases, every reader queued behind it gets the lock at
+    /// once; the last reader out hands it to the next writer. No polling.
+    ///
+    /// A reader's [`fence`](crate::LockGuard::fence) is the key's current
+    /// token (the last writer's); only writers raise it. In a scope that
+    /// holds the write lock, a read lock of the same key re-enters it; in
+    /// one that holds the read lock, asking for the write lock is
+    /// [`LockError::UpgradeRefused`] at once, since waiting for the other
+    /// readers could deadlock.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), lock_runtime::LockError> {
+    /// use lock_runtime::{LockClient, LockError};
+    /// use std::time::Duration;
+    ///
+    /// let client = LockClient::memory();
+    /// let a = client.read_lock("doc:7").await?;
+    /// let b = client.read_lock("doc:7").await?; // readers share
+    /// let writer = client.write_lock("doc:7").wait(Duration::ZERO).await;
+    /// assert!(matches!(writer, Err(LockError::Timeout { .. })));
+    /// let read_token = a.fence();
+    /// assert_eq!(b.fence(), read_token);
+    /// a.release().await?;
+    /// b.release().await?;
+    /// let w = client.write_lock("doc:7").await?;
+    /// assert!(w.fence() > read_token);
+    /// # Ok(()) }
+    /// ```
+    pub fn read_lock(&self, key: impl Into<String>) -> LockRequest {
+        LockRequest::new(self.clone(), key.into()).shared()
+    }
+
+    /// The exclusive lock on `key`: the same as [`lock`](Self::lock), named
+    /// to pair with [`read_lock`](Self::read_lock).
+    pub fn write_lock(&self, key: impl Into<String>) -> LockRequest {
+        self.lock(key)
+    }
+
+    /// [`lock_all`](Self::lock_all) with read locks: all keys read-held, or
+    /// none (what `#[distributed_lock(keys = [...], mode = "read")]` takes).
+    pub fn read_lock_all(&self, keys: impl IntoIterator<Item = impl Into<String>>) -> LockRequest {
+        self.lock_all(keys).shared()
+    }
+
+    /// One lock over several keys: all of them or none. Keys are taken in
+    /// sorted order (two callers naming the same keys in different orders
+    /// cannot deadlock), duplicates count once, and a key that cannot be
+    /// taken within the request's `wait` releases the others at once. The
+    /// guard's [`fence`](crate::LockGuard::fence) is the first key's token (sorted
+    /// order), [`fences`](crate::LockGuard::fences) all of them; the watchdog
+    /// renews all keys in its one call per tick. On a Cluster the keys may
+    /// live in different slots (one round trip per key to take them); on
+    /// Redlock each key is a Redlock.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), lock_runtime::LockError> {
+    /// let client = lock_runtime::LockClient::memory();
+    /// let guard = client.lock_all(["account:9", "account:1", "account:9"]).await?;
+    /// assert_eq!(guard.keys(), ["account:1", "account:9"]);
+    /// assert_eq!(guard.fences().len(), 2);
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn lock_all(&self, keys: impl IntoIterator<Item = impl Into<String>>) -> LockRequest {
+        let mut keys = keys.into_iter().map(Into::into);
+        let first = keys.next().unwrap_or_default();
+        LockRequest::new(self.clone(), first).and_keys(keys.collect())
+    }
 }
 
 impl LockRequest {

@@ -4,22 +4,9 @@
 use std::future::Future;
 use std::time::Duration;
 
+use crate::on_lost::OnLost;
 use crate::scope::{self, BodyFences};
 use crate::{spans, LockError, LockRequest};
-
-/// What a body run under a lock does when the lock is lost while it runs
-/// (the watchdog could not renew it in time, or Redis no longer has it).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum OnLost {
-    /// Drop the body at its next await point and return
-    /// `Err(LockError::Lost)` (`Err(LockError::MaxHoldReached)` when the
-    /// hold reached its `max_hold`): nothing runs unprotected past the
-    /// loss.
-    #[default]
-    Abort,
-    /// Let the body finish; the loss is logged, and the result stands.
-    Continue,
-}
 
 impl LockRequest {
     /// What [`run`](LockRequest::run) does if the lock is lost while the

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
 
-use crate::guard::Hold;
+use crate::hold::Hold;
 use crate::key::is_reader;
 
 tokio::task_local! {
