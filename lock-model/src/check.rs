@@ -73,9 +73,15 @@ impl Report {
 /// once `stop_at` (if given) has a counterexample. Prints the figures.
 pub fn run(name: &str, world: World, stop_at: Option<&'static str>) -> Report {
     let started = Instant::now();
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(2);
+    // A search that stops at its first counterexample runs on one thread:
+    // breadth-first, that is the shortest, the same every run (a test
+    // reads it).
+    let threads = match stop_at {
+        Some(_) => 1,
+        None => std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(2),
+    };
     let mut builder = world.clone().checker().threads(threads);
     if stop_at.is_some() {
         builder = builder.finish_when(HasDiscoveries::AnyFailures);

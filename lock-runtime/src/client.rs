@@ -138,7 +138,9 @@ impl LockClient {
 
     /// How many tasks of this client (this process, through this client
     /// and its clones) wait for `key` to be released. Waiters of other
-    /// clients are not counted.
+    /// clients are not counted. A task counts from when a release would
+    /// reach it (it has queued and listens), so a test that sees a waiter
+    /// here can release the lock and know the waiter hears it.
     pub fn waiting_here(&self, key: &str) -> usize {
         LockName::new(&self.inner.config.prefix, key).map_or(0, |n| self.inner.backend.waiting(&n))
     }

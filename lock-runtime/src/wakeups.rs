@@ -44,6 +44,9 @@ pub(crate) struct Wakeups {
 struct Slot {
     wake: Arc<Notify>,
     waiters: usize,
+    /// Waiters parked for a release: queued, listening, and past the
+    /// check that no release slipped by meanwhile.
+    parked: usize,
     /// The backend confirmed it listens on this channel.
     ready: bool,
     /// SUBSCRIBEs sent whose confirmation has not come back: a
@@ -74,6 +77,7 @@ impl Wakeups {
         let slot = slots.entry(channel.clone()).or_insert_with(|| Slot {
             wake: Arc::new(Notify::new()),
             waiters: 0,
+            parked: 0,
             ready: false,
             confirming: 0,
             dropped: false,
@@ -85,6 +89,7 @@ impl Wakeups {
             channel: channel.clone(),
             registry: self.clone(),
             woken: false,
+            parked: false,
         };
         (waiter, !slot.ready)
     }
@@ -145,14 +150,16 @@ impl Wakeups {
             .map_or(0, |s| s.waiters)
     }
 
-    /// All waiters of this registry whose channel starts with `prefix`.
-    pub(crate) fn waiters_under(&self, prefix: &str) -> usize {
+    /// Waiters parked for a release on `channel`, or on any channel that
+    /// starts with `grants` (see [`Waiter::released`]): what a release now
+    /// reaches.
+    pub(crate) fn parked(&self, channel: &str, grants: &str) -> usize {
         self.slots
             .lock()
             .unwrap()
             .iter()
-            .filter(|(c, _)| c.starts_with(prefix))
-            .map(|(_, s)| s.waiters)
+            .filter(|(c, _)| &***c == channel || c.starts_with(grants))
+            .map(|(_, s)| s.parked)
             .sum()
     }
 
@@ -209,12 +216,13 @@ impl Wakeups {
         }
     }
 
-    fn leave(&self, channel: &Arc<str>) {
+    fn leave(&self, channel: &Arc<str>, parked: bool) {
         let idle = {
             let mut slots = self.slots.lock().unwrap();
             match slots.get_mut(channel) {
                 Some(slot) => {
                     slot.waiters -= 1;
+                    slot.parked -= usize::from(parked);
                     slot.waiters == 0
                 }
                 None => false,
@@ -265,6 +273,8 @@ pub(crate) struct Waiter {
     registry: Arc<Wakeups>,
     /// Picked by a wake-up and not yet [`consumed`](Waiter::consumed).
     woken: bool,
+    /// Counted in its slot's `parked`.
+    parked: bool,
 }
 
 impl Waiter {
@@ -272,7 +282,13 @@ impl Waiter {
     /// that is dropped unpolled passes to the next waiter (`Notify` does
     /// that), and so does one whose waiter is dropped before it is
     /// consumed.
+    ///
+    /// The request calls this once it has queued, listens, and has checked
+    /// that no release slipped by before it listened: from here on the
+    /// waiter is counted as waiting (`waiting_here`), and a release reaches
+    /// it.
     pub(crate) async fn released(&mut self) -> Woken {
+        self.park();
         let Some(mailbox) = &self.mailbox else {
             self.wake.notified().await;
             self.woken = true;
@@ -290,6 +306,15 @@ impl Waiter {
                     self.woken = true;
                     return Woken::Retry;
                 }
+            }
+        }
+    }
+
+    fn park(&mut self) {
+        if !self.parked {
+            self.parked = true;
+            if let Some(slot) = self.registry.slots.lock().unwrap().get_mut(&self.channel) {
+                slot.parked += 1;
             }
         }
     }
@@ -320,7 +345,7 @@ impl Drop for Waiter {
             // of this client may take the lock instead.
             self.registry.notify(&self.channel);
         }
-        self.registry.leave(&self.channel);
+        self.registry.leave(&self.channel, self.parked);
     }
 }
 

@@ -269,11 +269,23 @@ async fn list_on_a_cluster_covers_every_primary() {
     let urls = cluster.urls();
     let client = LockClient::cluster(&urls).await.unwrap();
     let base = unique("cli-slots");
-    let mut keys: Vec<String> = (0..12).map(|i| format!("{base}:{i}")).collect();
+    // Four keys on each primary (names hash anywhere: pick them so).
+    let mut per_primary = [0; 3];
+    let mut keys: Vec<String> = (0..)
+        .map(|i| format!("{base}:{i}"))
+        .filter(|k| {
+            let n = &mut per_primary[cluster.slot_owner(key_slot(&format!("lock:{{{k}}}")))];
+            *n += 1;
+            *n <= 4
+        })
+        .take(12)
+        .collect();
     keys.sort();
     let mut guards = Vec::new();
     for k in &keys {
-        guards.push(client.lock(k).await.unwrap());
+        // A short lease: the forced release below is noticed at the next
+        // renewal, a second away.
+        guards.push(client.lock(k).lease(Duration::from_secs(3)).await.unwrap());
     }
     let primaries: std::collections::BTreeSet<usize> = keys
         .iter()

@@ -250,9 +250,10 @@ pub async fn reentry_and_upgrade(client: &LockClient) {
 /// A reader whose lease is renewed keeps the key through several leases.
 pub async fn a_reader_is_renewed(client: &LockClient, other: &LockClient) {
     let key = crate::unique("rw-renew");
-    let lease = Duration::from_millis(600);
+    // Renewed every 500 ms: a second of stall still renews in time.
+    let lease = Duration::from_millis(1500);
     let r = client.read_lock(&key).lease(lease).await.expect("reader");
-    tokio::time::sleep(lease * 3).await;
+    tokio::time::sleep(lease * 2).await;
     assert!(
         busy(other.write_lock(&key).wait(Duration::ZERO).await),
         "the read hold lapsed"

@@ -507,10 +507,10 @@ async fn bad_input_table() {
         "",
         on(g),
         async {
-            let guard = client.lock(&key).lease(Duration::from_millis(600)).await?;
+            let guard = client.lock(&key).lease(Duration::from_millis(1500)).await?;
             let _: String = global.cmd(&["SCRIPT", "FLUSH"]);
             // Two leases: only renewals after the flush can have kept it.
-            tokio::time::sleep(Duration::from_millis(1200)).await;
+            tokio::time::sleep(Duration::from_millis(3000)).await;
             guard.release().await
         },
     )

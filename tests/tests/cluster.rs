@@ -518,8 +518,19 @@ async fn cluster_behind_proxies_smoke() {
 
     let client = builder().cluster(cluster.proxy_urls()).await.unwrap();
     let base = unique("proxied");
-    for i in 0..12 {
-        let key = format!("{base}:{i}");
+    // Four keys on each primary (names hash anywhere: pick them so).
+    let mut per_node = std::collections::BTreeMap::<usize, usize>::new();
+    let keys: Vec<String> = (0..)
+        .map(|i| format!("{base}:{i}"))
+        .filter(|key| {
+            let slot = tests::cluster::key_slot(&format!("lock:{{{key}}}"));
+            let n = per_node.entry(cluster.slot_owner(slot)).or_default();
+            *n += 1;
+            *n <= 4
+        })
+        .take(12)
+        .collect();
+    for key in keys {
         let g = client.lock(&key).await.unwrap();
         g.release().await.unwrap();
         // slot_owner reads proxy ports from CLUSTER NODES and maps them back.

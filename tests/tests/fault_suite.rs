@@ -644,8 +644,13 @@ fn run(mut s: Scenario<'_>, plan: Plan, workers: usize) -> Report {
     let renewing: usize = idle.values().sum();
     // A grant message that crossed a waiter's timeout is released by its
     // client 1 s later (an unclaimed grant, `ORPHAN_AFTER`), plus that
-    // release's round trip: the quiet period starts after that.
-    std::thread::sleep(Duration::from_millis(1_500));
+    // release's round trip; an undo that could not first kill the ended
+    // connection its attempt went on (Redis unreachable then) is sent once
+    // more an op_timeout later, within an op_timeout. The quiet period
+    // starts after both.
+    std::thread::sleep(
+        Duration::from_millis(1_500).max(OP_TIMEOUT * 2 + Duration::from_millis(500)),
+    );
     // Quiet period: idle clients must send no lock commands (a renewal
     // comes every lease/3).
     s.server.reset_stats();

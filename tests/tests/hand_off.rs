@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockError};
+use tests::proxy::Proxy;
 use tests::{eventually, spawn_tied, unique, RedisServer};
 
 async fn clients(server: &RedisServer, n: usize) -> Vec<LockClient> {
@@ -37,7 +38,17 @@ fn script_calls(server: &RedisServer) -> u64 {
 async fn a_contended_acquisition_costs_two_script_calls() {
     tests::init_tracing();
     let server = RedisServer::start();
-    let clients = clients(&server, 4).await;
+    // A waiter that waits longer than `retry_delay` asks again on a timer:
+    // a stalled machine must not add those to what this counts.
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        let c = LockClient::builder()
+            .retry_delay(Duration::from_secs(60))
+            .connect(&server.url())
+            .await
+            .unwrap();
+        clients.push(c);
+    }
     let key = unique("contended");
     const TASKS: usize = 16;
     const ROUNDS: usize = 25;
@@ -140,7 +151,13 @@ async fn served_in_queue_order(clients: &[LockClient], queued: impl Fn(&str) -> 
 async fn waiters_are_served_in_the_order_they_queued() {
     let server = RedisServer::start();
     let clients = clients(&server, 3).await;
-    served_in_queue_order(&clients, |key| queued(&server, key)).await;
+    // Queued and listening: a release reaches every one of them.
+    let listening = clients.clone();
+    served_in_queue_order(&clients, |key| {
+        let here: usize = listening.iter().map(|c| c.waiting_here(key)).sum();
+        queued(&server, key).min(here as i64)
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -183,7 +200,9 @@ async fn a_dead_waiter_does_not_stall_the_lock() {
         })
     };
     assert!(
-        eventually(Duration::from_secs(10), || queued(&server, &key) == 2).await,
+        eventually(Duration::from_secs(10), || queued(&server, &key) == 2
+            && clients[1].waiting_here(&key) == 1)
+        .await,
         "the second waiter did not queue"
     );
     // ...and the worker dies.
@@ -225,7 +244,7 @@ async fn waiters_that_give_up_or_are_dropped_leave_the_queue() {
     assert!(eventually(Duration::from_secs(10), || queued(&server, &key) == 1).await);
     let gives_up = {
         let (c, key) = (clients[2].clone(), key.clone());
-        tokio::spawn(async move { c.lock(&key).wait(Duration::from_millis(500)).await })
+        tokio::spawn(async move { c.lock(&key).wait(Duration::from_secs(3)).await })
     };
     assert!(eventually(Duration::from_secs(10), || queued(&server, &key) == 2).await);
     let stays = {
@@ -260,6 +279,39 @@ async fn waiters_that_give_up_or_are_dropped_leave_the_queue() {
     );
 }
 
+/// `waiting_here` counts a waiter from when a release reaches it: while
+/// its SUBSCRIBE is still on the way (here held back 2 s), a release would
+/// pass it over, so a test that releases once it sees the waiter counted
+/// must find Redis listening.
+#[tokio::test]
+async fn a_waiter_counts_as_waiting_once_it_listens() {
+    let server = RedisServer::start();
+    let proxy = Proxy::for_server(&server);
+    let client = LockClient::connect(&proxy.url()).await.unwrap();
+    let key = unique("counted-listening");
+    let holder = client.lock(&key).await.unwrap();
+    proxy.slow_connection_of(b"SUBSCRIBE", Duration::from_secs(2), Duration::ZERO);
+    let waiter = {
+        let (c, key) = (client.clone(), key.clone());
+        tokio::spawn(async move { c.lock(&key).wait(Duration::from_secs(20)).await })
+    };
+    assert!(eventually(Duration::from_secs(10), || client.waiting_here(&key) == 1).await);
+    let listening: Vec<String> =
+        server.cmd(&["PUBSUB", "CHANNELS", &format!("lock:{{{key}}}:granted:*")]);
+    assert_eq!(
+        listening.len(),
+        1,
+        "counted as waiting before Redis had it listening"
+    );
+    proxy.end_slow_spell();
+    server.reset_stats();
+    holder.release().await.unwrap();
+    let g = waiter.await.unwrap().unwrap();
+    // Handed over by the release: the waiter sent no attempt after it.
+    assert_eq!(script_calls(&server), 1, "the waiter was passed over");
+    g.release().await.unwrap();
+}
+
 /// The connection a waiter's client listens on is cut while it waits: the
 /// waiter asks again when its client reconnects, and gets the lock after
 /// the holder's release, well within its wait.
@@ -273,7 +325,11 @@ async fn a_waiter_whose_subscription_was_cut_still_gets_the_lock() {
         let (c, key) = (clients[1].clone(), key.clone());
         tokio::spawn(async move { c.lock(&key).wait(Duration::from_secs(20)).await })
     };
-    assert!(eventually(Duration::from_secs(10), || queued(&server, &key) == 1).await);
+    assert!(
+        eventually(Duration::from_secs(10), || clients[1].waiting_here(&key)
+            == 1)
+        .await
+    );
     let killed: i64 = server.cmd(&["CLIENT", "KILL", "TYPE", "pubsub"]);
     assert!(killed >= 1, "no subscriber connection to cut");
     holder.release().await.unwrap();

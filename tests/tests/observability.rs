@@ -16,6 +16,10 @@ use tracing_subscriber::layer::{Context, Layer};
 use tracing_subscriber::prelude::*;
 use tracing_subscriber::registry::LookupSpan;
 
+/// Held by every test of this binary: they share the recorder (reading it
+/// drains what it counted) and its labels ("manual" and the templates).
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn snapshotter() -> &'static Snapshotter {
     static S: OnceLock<Snapshotter> = OnceLock::new();
     S.get_or_init(|| {
@@ -71,6 +75,7 @@ async fn inner_order(id: u64) -> Result<u64, LockError> {
 
 #[tokio::test(flavor = "current_thread")]
 async fn metrics_count_fresh_acquisitions_busy_and_lost_by_template() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let server = global::redis().await;
     let _ = taken();
     let client = lock_runtime::client().unwrap();
@@ -189,6 +194,7 @@ async fn report(id: u64) -> Result<(), LockError> {
 
 #[tokio::test(flavor = "current_thread")]
 async fn a_request_has_an_acquire_span_and_the_body_runs_in_a_hold_span() {
+    let _one = ONE_AT_A_TIME.lock().await;
     global::redis().await;
     let seen = Seen::default();
     let _default = tracing_subscriber::registry()
@@ -242,6 +248,7 @@ async fn parts(e: LockError) -> (u16, Option<String>, serde_json::Value) {
 
 #[tokio::test]
 async fn lock_errors_are_http_responses() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let (status, retry, body) = parts(LockError::Timeout {
         key: "order:\"7\"".into(),
         waited: Duration::from_millis(2500),
@@ -293,6 +300,7 @@ async fn levelled(id: u64, stop: bool) -> Result<(), LockError> {
 
 #[tokio::test(flavor = "current_thread")]
 async fn at_info_spans_show_the_waits_and_the_losses_only() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let seen = Seen::default();
     let _default = tracing_subscriber::registry()
         .with(
@@ -348,6 +356,7 @@ async fn at_info_spans_show_the_waits_and_the_losses_only() {
 
 #[tokio::test(flavor = "current_thread")]
 async fn every_metric_is_described_and_held_locks_are_a_gauge() {
+    let _one = ONE_AT_A_TIME.lock().await;
     snapshotter();
     let client = LockClient::memory();
     let gauge = || -> Option<f64> {

@@ -266,10 +266,10 @@ async fn a_crashed_reader_lapses_on_its_own_lease_and_the_others_keep_theirs() {
     let lease = Duration::from_secs(2);
     let dead = cut_off.read_lock(&key).lease(lease).await.unwrap();
     proxy.set(Mode::Blackhole);
-    // The other reader renews every lease/3 of 600 ms.
+    // The other reader renews every lease/3 of 1.5 s.
     let live = clients[0]
         .read_lock(&key)
-        .lease(Duration::from_millis(600))
+        .lease(Duration::from_millis(1500))
         .await
         .unwrap();
     let writer = {

@@ -35,13 +35,17 @@ async fn run_rounds(target: &Target<'_>) {
     let key = unique(target.name);
     // Scripts cached on the key's node first (a cluster node loads them on
     // first use), so that the armed command is the one that runs.
+    // (With a wait: this runtime's first command opens its connections,
+    // which a Redlock node's share of a short lease may not cover.) One
+    // renewal (at a third of the lease) caches the renewal script too.
     let warm = target
         .client
         .lock(&key)
-        .lease(Duration::from_millis(300))
+        .lease(Duration::from_secs(1))
+        .wait(Duration::from_secs(5))
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(250)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
     let mut tokens = vec![warm.fence()];
     warm.release().await.unwrap();
     let mut rows = Vec::new();

@@ -297,10 +297,9 @@ async fn a_hand_off_between_writers_counted_by_redis() {
         let b = b.clone();
         tokio::spawn(async move { b.lock("rt:handoff").wait(Duration::from_secs(20)).await })
     };
-    let queue = "lock:{rt:handoff}:queue";
+    // Queued and listening for the release.
     assert!(
-        tests::eventually(Duration::from_secs(10), || server
-            .cmd::<i64>(&["LLEN", queue])
+        tests::eventually(Duration::from_secs(10), || b.waiting_here("rt:handoff")
             == 1)
         .await,
         "the second writer did not queue"

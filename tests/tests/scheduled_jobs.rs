@@ -16,7 +16,7 @@ async fn job(name: &str) -> Result<u32, LockError> {
     Ok(RAN.fetch_add(1, Ordering::SeqCst) + 1)
 }
 
-#[distributed_lock(key = "hung:{name}", lease = "600ms", max_hold = "900ms")]
+#[distributed_lock(key = "hung:{name}", lease = "1500ms", max_hold = "2s")]
 async fn hung(name: &str) -> Result<(), LockError> {
     let _ = name;
     std::future::pending::<()>().await;
@@ -97,7 +97,7 @@ async fn min_hold_leaves_the_lock_to_expire_and_a_later_release_deletes_it() {
     let pttl: i64 = server.cmd(&["PTTL", &name]);
     let bound = 3000 - taken.elapsed().as_millis() as i64;
     assert!(
-        pttl > 0 && pttl <= bound + 50,
+        pttl > 0 && pttl <= bound + 250,
         "after an early release the lock expires at min_hold: pttl {pttl} ms, at most {bound} ms"
     );
     // Nothing renews it: its TTL only goes down, and it is busy meanwhile.
@@ -187,14 +187,14 @@ async fn max_hold_stops_renewal_and_the_body_ends_with_lost() {
     let took = t.elapsed();
     match out {
         Ok(Err(LockError::MaxHoldReached { max_hold, .. })) => {
-            assert_eq!(max_hold, Duration::from_millis(900));
+            assert_eq!(max_hold, Duration::from_secs(2));
         }
         other => panic!("a hung body past max_hold must end with MaxHoldReached: {other:?}"),
     }
-    // Ended at max_hold (900 ms): renewals ran (the lease is 600 ms) but not
+    // Ended at max_hold (2 s): renewals ran (the lease is 1.5 s) but not
     // past it.
     assert!(
-        took >= Duration::from_millis(850) && took < Duration::from_secs(5),
+        took >= Duration::from_millis(1950) && took < Duration::from_secs(6),
         "ended after {took:?}"
     );
     assert!(

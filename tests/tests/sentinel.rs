@@ -139,7 +139,8 @@ async fn lock_loss_on_failover_with_and_without_replica_acks() {
     };
     let sentinels = Sentinels::start(3, MASTER, &primary, timing);
     sentinels.wait_ready(1, Duration::from_secs(20));
-    let ack_wait = Duration::from_millis(200);
+    // Long enough for a healthy replica on a loaded machine.
+    let ack_wait = Duration::from_secs(1);
     let plain = builder().sentinel(sentinels.urls(), MASTER).await.unwrap();
     let acked = builder()
         .replica_acks(1, ack_wait)

@@ -222,7 +222,6 @@ impl Releases for ShardSubscriber {
     }
 
     fn waiting(&self, name: &LockName) -> usize {
-        let w = &self.inner.wakeups;
-        w.waiters(&name.channel()) + w.waiters_under(&name.grants())
+        self.inner.wakeups.parked(&name.channel(), &name.grants())
     }
 }

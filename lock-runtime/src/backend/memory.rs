@@ -568,7 +568,7 @@ impl MemoryBackend {
     }
 
     pub(crate) fn waiting(&self, name: &LockName) -> usize {
-        self.shared.wakeups.waiters_under(&name.grants())
+        self.shared.wakeups.parked(&name.channel(), &name.grants())
     }
 }
 

@@ -76,8 +76,7 @@ impl Subscriber {
     }
 
     pub(crate) fn waiting(&self, name: &LockName) -> usize {
-        let w = &self.inner.wakeups;
-        w.waiters(&name.channel()) + w.waiters_under(&name.grants())
+        self.inner.wakeups.parked(&name.channel(), &name.grants())
     }
 
     /// This server is no longer where releases are published (a Sentinel
