@@ -140,7 +140,8 @@ impl LockClient {
     /// and its clones) wait for `key` to be released. Waiters of other
     /// clients are not counted. A task counts from when a release would
     /// reach it (it has queued and listens), so a test that sees a waiter
-    /// here can release the lock and know the waiter hears it.
+    /// here can release the lock and know the waiter hears it. (If the
+    /// subscription then drops, its waiters stay counted and ask again.)
     pub fn waiting_here(&self, key: &str) -> usize {
         LockName::new(&self.inner.config.prefix, key).map_or(0, |n| self.inner.backend.waiting(&n))
     }

@@ -142,6 +142,7 @@ impl Wakeups {
         }
     }
 
+    #[cfg(feature = "cluster")]
     pub(crate) fn waiters(&self, channel: &str) -> usize {
         self.slots
             .lock()

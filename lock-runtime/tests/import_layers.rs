@@ -1,12 +1,14 @@
 //! The runtime's modules import only downwards: no module reaches, through
 //! `crate::` or `super::` paths (re-exports at the root followed to their
-//! module), back to itself. Unit-test modules may import anything.
+//! module), back to itself. A module may use the submodules it declares
+//! (a directory's `mod.rs` dispatching to its parts: those parts are what
+//! it is made of), and `#[cfg(test)]` modules may import anything.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-/// Module path (`backend::node`) → its source with comments and the
-/// trailing `#[cfg(test)] mod tests` removed.
+/// Module path (`backend::node`) → its source with comment lines and
+/// `#[cfg(test)]` modules removed.
 fn sources(dir: &Path, prefix: &str, out: &mut BTreeMap<String, String>) {
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
@@ -34,12 +36,49 @@ fn sources(dir: &Path, prefix: &str, out: &mut BTreeMap<String, String>) {
                 .filter(|l| !l.trim_start().starts_with("//"))
                 .collect::<Vec<_>>()
                 .join("\n");
-            if let Some(at) = code.find("#[cfg(test)]\nmod tests") {
-                code.truncate(at);
+            while let Some(at) = test_module(&code) {
+                code.replace_range(at, "");
             }
             out.insert(name, code);
         }
     }
+}
+
+/// Where the first `#[cfg(test)]` module of `code` is, attribute to its
+/// closing brace.
+fn test_module(code: &str) -> Option<std::ops::Range<usize>> {
+    let mut from = 0;
+    while let Some(found) = code[from..].find("#[cfg(test)]") {
+        let at = from + found;
+        let rest = code[at + "#[cfg(test)]".len()..].trim_start();
+        let is_mod = ["mod ", "pub mod ", "pub(crate) mod "]
+            .iter()
+            .any(|m| rest.starts_with(m));
+        let open = code[at..].find('{').map(|o| at + o);
+        let semi = code[at..].find(';').map(|o| at + o);
+        if let (true, Some(semi)) = (is_mod, semi) {
+            // `mod x;`: the file is read on its own.
+            if open.is_none_or(|open| semi < open) {
+                return Some(at..semi + 1);
+            }
+        }
+        if let (true, Some(open)) = (is_mod, open) {
+            let mut depth = 0;
+            for (i, ch) in code[open..].char_indices() {
+                match ch {
+                    '{' => depth += 1,
+                    '}' => depth -= 1,
+                    _ => {}
+                }
+                if depth == 0 {
+                    return Some(at..open + i + 1);
+                }
+            }
+            return Some(at..code.len());
+        }
+        from = at + 1;
+    }
+    None
 }
 
 /// `a::{b, c::{D, E}}` → `a::b`, `a::c::D`, `a::c::E`.
@@ -109,8 +148,8 @@ fn module_of(
     root: &BTreeMap<String, String>,
 ) -> Option<String> {
     let parts: Vec<&str> = path.split("::").collect();
-    if let Some(m) = root.get(parts[0]) {
-        return Some(m.clone());
+    if !modules.contains(parts[0]) {
+        return root.get(parts[0]).cloned();
     }
     (1..=parts.len())
         .rev()

@@ -280,7 +280,8 @@ async fn waiters_that_give_up_or_are_dropped_leave_the_queue() {
 }
 
 /// `waiting_here` counts a waiter from when a release reaches it: while
-/// its SUBSCRIBE is still on the way (here held back 2 s), a release would
+/// its SUBSCRIBE is still on the way (here held back 1 s, within the 2 s
+/// op_timeout a subscription is given), a release would
 /// pass it over, so a test that releases once it sees the waiter counted
 /// must find Redis listening.
 #[tokio::test]
@@ -290,7 +291,7 @@ async fn a_waiter_counts_as_waiting_once_it_listens() {
     let client = LockClient::connect(&proxy.url()).await.unwrap();
     let key = unique("counted-listening");
     let holder = client.lock(&key).await.unwrap();
-    proxy.slow_connection_of(b"SUBSCRIBE", Duration::from_secs(2), Duration::ZERO);
+    proxy.slow_connection_of(b"SUBSCRIBE", Duration::from_secs(1), Duration::ZERO);
     let waiter = {
         let (c, key) = (client.clone(), key.clone());
         tokio::spawn(async move { c.lock(&key).wait(Duration::from_secs(20)).await })
