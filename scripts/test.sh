@@ -14,8 +14,9 @@ cargo test --workspace --exclude lock-model "$@"
 cargo test -p lock-model --release "$@"
 
 scripts/install-valkey.sh
-LOCK_TEST_SERVER=valkey-server cargo test -p tests --test redis_semantics --test round_trips \
-  --test read_write --test operations "$@"
+# (Selected from the same package set as above: the build is reused.)
+LOCK_TEST_SERVER=valkey-server cargo test --workspace --exclude lock-model --test redis_semantics \
+  --test round_trips --test read_write --test operations "$@"
 # The model's Lua host against Valkey too (its server steps run the scripts
 # as Redis and Valkey would).
 LOCK_TEST_SERVER=valkey-server cargo test -p lock-model --release --test host_vs_redis "$@"

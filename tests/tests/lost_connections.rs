@@ -166,7 +166,7 @@ async fn each_joined_body_sees_its_own_token() {
     // select!: the body that is polled sees its token, the other its own.
     let (c, d) = (unique("c"), unique("d"));
     let mut fc = Box::pin(write(&c, Duration::from_millis(20)));
-    let mut fd = Box::pin(write(&d, Duration::from_millis(500)));
+    let mut fd = Box::pin(write(&d, Duration::from_secs(2)));
     let first = tokio::select! {
         r = &mut fc => r.unwrap(),
         _ = &mut fd => panic!("the slow body finished first"),
