@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 
 use crate::claims::{self, Grant, Mailbox};
+use crate::key::LockName;
 
 /// Called with a channel nobody waits on any more.
 pub(crate) type OnIdle = Arc<dyn Fn(Arc<str>) + Send + Sync>;
@@ -151,15 +152,16 @@ impl Wakeups {
             .map_or(0, |s| s.waiters)
     }
 
-    /// Waiters parked for a release on `channel`, or on any channel that
-    /// starts with `grants` (see [`Waiter::released`]): what a release now
-    /// reaches.
-    pub(crate) fn parked(&self, channel: &str, grants: &str) -> usize {
+    /// Waiters of `name` parked for a release, on its release channel or on
+    /// any of its grant channels (see [`Waiter::released`]): what a release
+    /// now reaches.
+    pub(crate) fn waiting(&self, name: &LockName) -> usize {
+        let (channel, grants) = (name.channel(), name.grants());
         self.slots
             .lock()
             .unwrap()
             .iter()
-            .filter(|(c, _)| &***c == channel || c.starts_with(grants))
+            .filter(|(c, _)| **c == channel || c.starts_with(&grants))
             .map(|(_, s)| s.parked)
             .sum()
     }

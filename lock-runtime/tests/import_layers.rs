@@ -63,20 +63,25 @@ fn test_module(code: &str) -> Option<std::ops::Range<usize>> {
             }
         }
         if let (true, Some(open)) = (is_mod, open) {
-            let mut depth = 0;
-            for (i, ch) in code[open..].char_indices() {
-                match ch {
-                    '{' => depth += 1,
-                    '}' => depth -= 1,
-                    _ => {}
-                }
-                if depth == 0 {
-                    return Some(at..open + i + 1);
-                }
-            }
-            return Some(at..code.len());
+            return Some(at..closing(code, open).map_or(code.len(), |c| c + 1));
         }
         from = at + 1;
+    }
+    None
+}
+
+/// Where the brace that `code[open]` opens closes.
+fn closing(code: &str, open: usize) -> Option<usize> {
+    let mut depth = 0;
+    for (i, ch) in code[open..].char_indices() {
+        match ch {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            _ => {}
+        }
+        if depth == 0 {
+            return Some(open + i);
+        }
     }
     None
 }
@@ -115,20 +120,9 @@ fn crate_paths(code: &str, anchor: &str) -> Vec<String> {
     let mut rest = code;
     while let Some(at) = rest.find(anchor) {
         let after = &rest[at + anchor.len()..];
-        if let Some(group) = after.strip_prefix('{') {
-            let (mut depth, mut end) = (1, 0);
-            for (i, ch) in group.char_indices() {
-                match ch {
-                    '{' => depth += 1,
-                    '}' => depth -= 1,
-                    _ => {}
-                }
-                if depth == 0 {
-                    end = i;
-                    break;
-                }
-            }
-            flatten("", &group[..end], &mut out);
+        if after.starts_with('{') {
+            let end = closing(after, 0).unwrap_or(after.len());
+            flatten("", &after[1..end], &mut out);
         } else {
             let end = after
                 .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))

@@ -222,6 +222,6 @@ impl Releases for ShardSubscriber {
     }
 
     fn waiting(&self, name: &LockName) -> usize {
-        self.inner.wakeups.parked(&name.channel(), &name.grants())
+        self.inner.wakeups.waiting(name)
     }
 }

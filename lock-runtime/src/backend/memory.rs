@@ -568,7 +568,7 @@ impl MemoryBackend {
     }
 
     pub(crate) fn waiting(&self, name: &LockName) -> usize {
-        self.shared.wakeups.parked(&name.channel(), &name.grants())
+        self.shared.wakeups.waiting(name)
     }
 }
 

@@ -76,7 +76,7 @@ impl Subscriber {
     }
 
     pub(crate) fn waiting(&self, name: &LockName) -> usize {
-        self.inner.wakeups.parked(&name.channel(), &name.grants())
+        self.inner.wakeups.waiting(name)
     }
 
     /// This server is no longer where releases are published (a Sentinel
