@@ -112,6 +112,7 @@ async fn redlock_read_write_semantics() {
     rw::a_reader_is_renewed(&clients[0], &clients[1]).await;
     let key = unique("rl-rw");
     let w = clients[0].write_lock(&key).await.unwrap();
+    let w_fence = w.fence();
     let readers: Vec<_> = (0..3)
         .map(|i| {
             let (c, key) = (clients[i % 2].clone(), key.clone());
@@ -127,11 +128,25 @@ async fn redlock_read_write_semantics() {
     for r in readers {
         guards.push(r.await.unwrap().expect("a woken reader"));
     }
-    let token = guards[0].fence();
-    assert!(guards.iter().all(|g| g.fence() == token));
+    // Woken together, the first readers may start the read hold on
+    // different nodes, each with a token of its own (a reader's token is
+    // the highest its majority holds): every one is above the writer's
+    // before, and the next writer's is above them all.
+    let highest = guards.iter().map(|g| g.fence()).max().unwrap();
+    assert!(
+        guards.iter().all(|g| g.fence() > w_fence),
+        "a reader's token is not above the writer's before it"
+    );
     for g in guards {
         g.release().await.unwrap();
     }
+    let next = clients[1].write_lock(&key).await.unwrap();
+    assert!(
+        next.fence() > highest,
+        "the next writer's token {} is not above the readers' {highest}",
+        next.fence()
+    );
+    next.release().await.unwrap();
     for n in &nodes {
         assert!(!n.exists(&name(&key)), "a node kept the read lock");
         assert!(!n.exists(&format!("{}:readers", name(&key))));
