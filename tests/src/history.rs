@@ -1211,10 +1211,12 @@ pub fn check(history: &History, cfg: &CheckConfig) -> Report {
             }
             let paused = stops.get(&w.proc_id).is_some_and(|v| {
                 // Holding when stopped, writing after a stop past the lease.
+                // The resumed process may write before the test stamps
+                // its SIGCONT: the same skew applies.
                 v.iter().any(|&(s, c)| {
                     s + signal_skew >= w.attempt
                         && w.acquired <= s + signal_skew
-                        && c <= w.sent
+                        && c <= w.sent + signal_skew
                         && c - s > lease_ns
                 })
             });
@@ -1592,6 +1594,42 @@ mod tests {
         assert_eq!(r.stale_attempted, 1);
         assert_eq!(r.stale_accepted.len(), 1);
         assert_eq!(r.paused_writes, 1);
+    }
+
+    #[test]
+    fn a_write_sent_before_the_resume_was_stamped_is_a_paused_write() {
+        let mut events = held(1, 1, 10, 3000, 1, Kind::ReleaseLost);
+        events.extend(held(2, 1, 1500, 1600, 2, Kind::Released));
+        events.push(ev(1510, 2, 1, Kind::Write { fence: 2 }));
+        events.push(ev(1511, 2, 1, Kind::WriteOk { fence: 2 }));
+        // SIGCONT wakes the holder, which writes at once; the test's
+        // thread stamps the resume 1 ms later.
+        events.push(ev(2499, 1, 1, Kind::Write { fence: 1 }));
+        events.push(ev(
+            2500,
+            1,
+            1,
+            Kind::WriteRejected {
+                fence: 1,
+                highest: 2,
+            },
+        ));
+        let faults = vec![
+            Fault {
+                t: 20 * MS,
+                proc_id: Some(1),
+                kind: FaultKind::Stop,
+            },
+            Fault {
+                t: 2500 * MS,
+                proc_id: Some(1),
+                kind: FaultKind::Cont,
+            },
+        ];
+        let r = check(&History { events, faults }, &cfg());
+        assert!(r.violations().is_empty(), "{:?}", r.violations());
+        assert_eq!(r.paused_writes, 1);
+        assert_eq!(r.paused_writes_rejected, 1);
     }
 
     #[test]

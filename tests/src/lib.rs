@@ -68,12 +68,42 @@ pub fn server_binary() -> String {
     std::env::var("LOCK_TEST_SERVER").unwrap_or_else(|_| "redis-server".into())
 }
 
-/// A port nobody listens on right now.
+/// A port nobody listens on right now, for a server a test starts (or one
+/// it wants down). Taken below the kernel's ephemeral range: a port from
+/// that range can become the source port of any outgoing connection
+/// between this pick and the server's bind, or while a restarted server is
+/// down. Picks of one process step through the range from a random start,
+/// so two never meet.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("no free port")
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::OnceLock;
+    static START: OnceLock<u32> = OnceLock::new();
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let Some((lo, hi)) = server_ports() else {
+        return TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("no free port");
+    };
+    let span = u32::from(hi - lo);
+    let start = *START.get_or_init(|| fastrand::u32(..span));
+    for _ in 0..span {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = lo + ((start + n) % span) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in {lo}..{hi}");
+}
+
+/// Ports for test servers: from 10000 up to the kernel's ephemeral range
+/// (`ip_local_port_range`), when at least 2000 fit there.
+fn server_ports() -> Option<(u16, u16)> {
+    const LOW: u16 = 10_000;
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
+    let ephemeral: u16 = range.split_whitespace().next()?.parse().ok()?;
+    (ephemeral >= LOW + 2_000).then_some((LOW, ephemeral))
 }
 
 impl RedisServer {
@@ -305,4 +335,20 @@ pub fn init_tracing() {
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_test_writer()
         .try_init();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_ports_stay_out_of_the_ephemeral_range_and_apart() {
+        let Some((_, ephemeral)) = server_ports() else {
+            return;
+        };
+        let ports: Vec<u16> = (0..500).map(|_| free_port()).collect();
+        assert!(ports.iter().all(|&p| p < ephemeral), "{ports:?}");
+        let distinct: std::collections::HashSet<u16> = ports.iter().copied().collect();
+        assert_eq!(distinct.len(), ports.len());
+    }
 }

@@ -110,9 +110,10 @@ fn rand_ms(lo: u64, hi: u64) -> Duration {
 
 #[derive(Default)]
 struct Live {
-    /// Per process: ops holding a lock (op -> acquired at).
-    holding: HashMap<u32, HashMap<u64, u64>>,
-    /// Per process: an op in a long hold, and until when (ns).
+    /// Per process: ops holding a lock (op -> a read lock).
+    holding: HashMap<u32, HashMap<u64, bool>>,
+    /// Per process: an op in a long hold of a write lock, and until when
+    /// (ns).
     in_hold: HashMap<u32, (u64, u64)>,
     /// Per process: `I <n>` — idle, with n locks still renewed.
     idle: HashMap<u32, usize>,
@@ -347,9 +348,14 @@ fn read_worker(
             match ev.kind {
                 Kind::Acquired { .. } | Kind::AcquiredRead { .. } => {
                     acquired.fetch_add(1, Ordering::Relaxed);
-                    l.holding.entry(id).or_default().insert(ev.op, ev.t);
+                    let read = matches!(ev.kind, Kind::AcquiredRead { .. });
+                    l.holding.entry(id).or_default().insert(ev.op, read);
                 }
-                Kind::Hold { ms } => {
+                // A reader writes nothing after its hold: no target for
+                // the fencing case.
+                Kind::Hold { ms }
+                    if l.holding.get(&id).and_then(|h| h.get(&ev.op)) == Some(&false) =>
+                {
                     l.in_hold.insert(id, (ev.op, ev.t + ms * 1_000_000));
                 }
                 Kind::Releasing | Kind::Lost | Kind::BodyEnd => {
@@ -468,7 +474,7 @@ impl Scenario<'_> {
                 self.fleet.spawn();
             }
             Nemesis::PauseHolder => {
-                // Best: a holder in the middle of a long hold, so its next
+                // Best: a writer in the middle of a long hold, so its next
                 // write comes after its lease ran out.
                 let id = self.fleet.pick_holder(Duration::from_secs(3), true);
                 let d = LEASE.mul_f64(1.5 + fastrand::f64());
@@ -567,6 +573,12 @@ struct Plan {
     /// Of the lock commands (EVALSHA) on every proxy, this share runs on
     /// Redis and loses its reply, all the run long.
     reply_loss: f64,
+    /// The run goes on (within the limit's extension) until a holder
+    /// paused past its lease has written after it, and after a newer
+    /// holder's write: the case fencing is for. A pause may find no writer
+    /// in a long hold, or its holder may hear of the loss before its
+    /// write.
+    fencing_case: bool,
 }
 
 /// Faults after which a lock command may run on Redis for an owner that is
@@ -608,12 +620,23 @@ fn run(mut s: Scenario<'_>, plan: Plan, workers: usize) -> Report {
         labels.dedup();
         labels.len()
     };
-    // A kind still missing at the limit gets up to twice the limit more.
+    let cfg = CheckConfig {
+        lease: locking.lease,
+        slop: Duration::from_millis(150),
+        op_timeout: Some(OP_TIMEOUT),
+    };
+    // Read from the history so far, once everything else is done.
+    let fencing_missing = |s: &Scenario<'_>| {
+        plan.fencing_case && history::check(&s.fleet.history(), &cfg).paused_writes_stale == 0
+    };
+    // A kind (or the fencing case) still missing at the limit gets up to
+    // twice the limit more.
     while (s.fleet.acquired.load(Ordering::Relaxed) < plan.target
         || i < plan.schedule.len()
-        || fired(&s) < kinds)
+        || fired(&s) < kinds
+        || fencing_missing(&s))
         && (started.elapsed() < plan.limit
-            || (fired(&s) < kinds && started.elapsed() < plan.limit * 3))
+            || ((fired(&s) < kinds || fencing_missing(&s)) && started.elapsed() < plan.limit * 3))
     {
         // Let the clients work between faults.
         std::thread::sleep(rand_ms(200, 600));
@@ -704,14 +727,7 @@ fn run(mut s: Scenario<'_>, plan: Plan, workers: usize) -> Report {
 
     let hist = s.fleet.history();
     dump(&hist, plan.title);
-    let mut report = history::check(
-        &hist,
-        &CheckConfig {
-            lease: locking.lease,
-            slop: Duration::from_millis(150),
-            op_timeout: Some(OP_TIMEOUT),
-        },
-    );
+    let mut report = history::check(&hist, &cfg);
     report.orphan_renewals = Some(orphan_renewals + renewing as u64);
     report.leftover_keys = Some(leftover);
     report.extra.push((
@@ -909,6 +925,7 @@ fn nemesis_history_with_fencing() {
         limit,
         schedule: schedule_all(),
         reply_loss: 0.0,
+        fencing_case: true,
     };
     let scenario = Scenario {
         fleet,
@@ -990,6 +1007,7 @@ fn restarts_without_persistence_under_load() {
         limit,
         schedule: vec![RestartRedis, KillHolder, RestartRedis, Cut, RestartRedis],
         reply_loss: 0.0,
+        fencing_case: false,
     };
     let scenario = Scenario {
         fleet,
@@ -1065,6 +1083,7 @@ fn one_client_at_a_time(
         limit: run_for,
         schedule,
         reply_loss,
+        fencing_case: false,
     };
     let scenario = Scenario {
         fleet,
@@ -1725,9 +1744,11 @@ struct FuzzStats {
     bodies_without_lock: AtomicU64,
 }
 
-const FUZZ_LEASE: Duration = Duration::from_millis(300);
+/// Short enough to renew often, long enough to ride out a stall of a loaded
+/// 2-core machine (renewed every 200 ms).
+const FUZZ_LEASE: Duration = Duration::from_millis(600);
 
-#[distributed_lock(key = "fuzz:{key}", lease = "300ms", wait = "50ms")]
+#[distributed_lock(key = "fuzz:{key}", lease = "600ms", wait = "50ms")]
 async fn fuzz_body(key: &str, hold: Duration, entered: &AtomicU64) -> Result<(), FuzzError> {
     if lock_runtime::current_fence().is_none() {
         return Err(FuzzError::NoLock);
@@ -1762,7 +1783,7 @@ async fn fuzz_one(
 ) {
     st.futures.fetch_add(1, Ordering::Relaxed);
     let key = &keys[fastrand::usize(..keys.len())];
-    // Short leases renew every 100 ms; long ones prove clean-up is not expiry.
+    // Short leases renew every 200 ms; long ones prove clean-up is not expiry.
     let lease = if fastrand::bool() {
         FUZZ_LEASE
     } else {
@@ -1989,7 +2010,7 @@ fn cancellation_fuzz() {
              \x20 {:<38} acquiring {}, right after acquire {}, while renewing {}, mid-body {}, mid-body while renewing {}\n\
              \x20 {:<38} completed {}, wait time-outs {}, errors {}, bodies run without the lock {}\n\
              \x20 {:<38} {orphan}\n\
-             \x20 {:<38} {} (all gone {:?} after the last drop; leases were 300 ms or 10 s)\n\
+             \x20 {:<38} {} (all gone {:?} after the last drop; leases were 600 ms or 10 s)\n\
              \x20 {:<38} {}",
             "lock futures",
             g(&st.futures),
@@ -2008,7 +2029,7 @@ fn cancellation_fuzz() {
             g(&st.wait_timeouts),
             g(&st.errors),
             g(&st.bodies_without_lock),
-            "orphan renewals (EVALSHA in 1 s)",
+            "orphan renewals (EVALSHA in 1.6 s)",
             "leftover lock keys",
             leftover.len(),
             cleaned_in,
