@@ -18,9 +18,9 @@ pub struct Cluster {
 /// One cluster node on `port`, announcing `announce` as its client port if
 /// given.
 fn start_node(port: u16, announce: Option<u16>, node_timeout_ms: u64) -> RedisServer {
-    // The bus port is picked rather than left at port + 10000: that is past
-    // 65535 for about a sixth of the ports `free_port` hands out, and Redis
-    // then refuses to start.
+    // The bus port is picked like any other rather than left at port +
+    // 10000, which `free_port` does not keep free (and which passes 65535
+    // for high ports, where Redis refuses to start).
     let bus = std::iter::repeat_with(crate::free_port)
         .find(|&b| b != port)
         .unwrap()

@@ -1216,6 +1216,7 @@ pub fn check(history: &History, cfg: &CheckConfig) -> Report {
                 v.iter().any(|&(s, c)| {
                     s + signal_skew >= w.attempt
                         && w.acquired <= s + signal_skew
+                        && s < w.sent
                         && c <= w.sent + signal_skew
                         && c - s > lease_ns
                 })

@@ -261,8 +261,10 @@ impl Fleet {
         self.fault(Some(id), FaultKind::Stop);
         signal(pid, libc::SIGSTOP);
         std::thread::sleep(for_);
-        signal(pid, libc::SIGCONT);
+        // Stamped before the signal: the woken worker may run (and write)
+        // before this thread does again.
         self.fault(Some(id), FaultKind::Cont);
+        signal(pid, libc::SIGCONT);
     }
 
     /// Stop every worker: no new ops; wait until each reports idle.
@@ -625,19 +627,24 @@ fn run(mut s: Scenario<'_>, plan: Plan, workers: usize) -> Report {
         slop: Duration::from_millis(150),
         op_timeout: Some(OP_TIMEOUT),
     };
-    // Read from the history so far, once everything else is done.
-    let fencing_missing = |s: &Scenario<'_>| {
-        plan.fencing_case && history::check(&s.fleet.history(), &cfg).paused_writes_stale == 0
-    };
+    let mut fencing_seen = !plan.fencing_case;
     // A kind (or the fencing case) still missing at the limit gets up to
     // twice the limit more.
-    while (s.fleet.acquired.load(Ordering::Relaxed) < plan.target
-        || i < plan.schedule.len()
-        || fired(&s) < kinds
-        || fencing_missing(&s))
-        && (started.elapsed() < plan.limit
-            || ((fired(&s) < kinds || fencing_missing(&s)) && started.elapsed() < plan.limit * 3))
-    {
+    loop {
+        let elapsed = started.elapsed();
+        let kinds_missing = fired(&s) < kinds;
+        let planned = s.fleet.acquired.load(Ordering::Relaxed) < plan.target
+            || i < plan.schedule.len()
+            || kinds_missing;
+        if !fencing_seen && (!planned || elapsed >= plan.limit) {
+            // Read from the history so far: once per fault, near the end.
+            fencing_seen = history::check(&s.fleet.history(), &cfg).paused_writes_stale > 0;
+        }
+        let done = !planned && fencing_seen;
+        let missing = kinds_missing || !fencing_seen;
+        if done || elapsed >= plan.limit * 3 || (elapsed >= plan.limit && !missing) {
+            break;
+        }
         // Let the clients work between faults.
         std::thread::sleep(rand_ms(200, 600));
         s.inject(plan.schedule[i % plan.schedule.len()]);
@@ -1999,7 +2006,7 @@ fn cancellation_fuzz() {
         for k in keys.iter() {
             assert_eq!(client.waiting_here(&format!("fuzz:{k}")), 0, "waiters left on {k}");
         }
-        // Quiet period: two short leases, and a renewal interval of the long.
+        // Quiet period: two short leases, and their renewal interval twice.
         server.reset_stats();
         tokio::time::sleep(FUZZ_LEASE * 2 + Duration::from_millis(400)).await;
         let orphan = server.calls("evalsha") + server.calls("eval");
