@@ -1568,28 +1568,34 @@ mod tests {
         assert_eq!(r.acquisitions, 2);
     }
 
-    #[test]
-    fn paused_holder_is_excused_and_its_stale_write_must_be_rejected() {
+    /// Process 1 holds the key (fence 1) and is stopped from 20 ms to
+    /// 2500 ms; meanwhile process 2 takes it (fence 2) and writes. Then
+    /// process 1 writes at `at` ms (its send) with `outcome`.
+    fn paused_then_writes(at: u64, outcome: Kind) -> History {
         let mut events = held(1, 1, 10, 3000, 1, Kind::ReleaseLost);
         events.extend(held(2, 1, 1500, 1600, 2, Kind::Released));
         events.push(ev(1510, 2, 1, Kind::Write { fence: 2 }));
         events.push(ev(1511, 2, 1, Kind::WriteOk { fence: 2 }));
+        events.push(ev(at, 1, 1, Kind::Write { fence: 1 }));
+        events.push(ev(at + 1, 1, 1, outcome));
+        let faults = [(20, FaultKind::Stop), (2500, FaultKind::Cont)]
+            .into_iter()
+            .map(|(t, kind)| Fault {
+                t: t * MS,
+                proc_id: Some(1),
+                kind,
+            })
+            .collect();
+        History { events, faults }
+    }
+
+    #[test]
+    fn paused_holder_is_excused_and_its_stale_write_must_be_rejected() {
         // The paused holder writes after it resumed: accepted = violation.
-        events.push(ev(2600, 1, 1, Kind::Write { fence: 1 }));
-        events.push(ev(2601, 1, 1, Kind::WriteOk { fence: 1 }));
-        let faults = vec![
-            Fault {
-                t: 20 * MS,
-                proc_id: Some(1),
-                kind: FaultKind::Stop,
-            },
-            Fault {
-                t: 2500 * MS,
-                proc_id: Some(1),
-                kind: FaultKind::Cont,
-            },
-        ];
-        let r = check(&History { events, faults }, &cfg());
+        let r = check(
+            &paused_then_writes(2600, Kind::WriteOk { fence: 1 }),
+            &cfg(),
+        );
         assert!(r.double_holders.is_empty(), "{:?}", r.double_holders);
         assert_eq!(r.excused.len(), 1);
         assert_eq!(r.stale_attempted, 1);
@@ -1599,35 +1605,13 @@ mod tests {
 
     #[test]
     fn a_write_sent_before_the_resume_was_stamped_is_a_paused_write() {
-        let mut events = held(1, 1, 10, 3000, 1, Kind::ReleaseLost);
-        events.extend(held(2, 1, 1500, 1600, 2, Kind::Released));
-        events.push(ev(1510, 2, 1, Kind::Write { fence: 2 }));
-        events.push(ev(1511, 2, 1, Kind::WriteOk { fence: 2 }));
         // SIGCONT wakes the holder, which writes at once; the test's
         // thread stamps the resume 1 ms later.
-        events.push(ev(2499, 1, 1, Kind::Write { fence: 1 }));
-        events.push(ev(
-            2500,
-            1,
-            1,
-            Kind::WriteRejected {
-                fence: 1,
-                highest: 2,
-            },
-        ));
-        let faults = vec![
-            Fault {
-                t: 20 * MS,
-                proc_id: Some(1),
-                kind: FaultKind::Stop,
-            },
-            Fault {
-                t: 2500 * MS,
-                proc_id: Some(1),
-                kind: FaultKind::Cont,
-            },
-        ];
-        let r = check(&History { events, faults }, &cfg());
+        let rejected = Kind::WriteRejected {
+            fence: 1,
+            highest: 2,
+        };
+        let r = check(&paused_then_writes(2499, rejected), &cfg());
         assert!(r.violations().is_empty(), "{:?}", r.violations());
         assert_eq!(r.paused_writes, 1);
         assert_eq!(r.paused_writes_rejected, 1);
