@@ -169,6 +169,19 @@ fn command_with(chunk: &[u8], pattern: &[u8]) -> Vec<u8> {
 }
 
 impl Shared {
+    /// Switch the mode; `Refuse` also closes every open connection.
+    fn switch(&self, mode: Mode) {
+        self.mode.send_replace(mode);
+        if mode == Mode::Refuse {
+            self.cut_all();
+        }
+    }
+
+    fn cut_all(&self) {
+        self.cut.fetch_add(1, Ordering::Relaxed);
+        self.cuts.send_modify(|n| *n += 1);
+    }
+
     /// Whether `chunk` fires the armed reply loss; disarms it if so, so
     /// only one connection fires per arming.
     fn take_loss(&self, chunk: &[u8]) -> bool {
@@ -295,10 +308,7 @@ impl Proxy {
     /// Switch what the network does, from now on. `Refuse` also cuts the
     /// open connections.
     pub fn set(&self, mode: Mode) {
-        self.shared.mode.send_replace(mode);
-        if mode == Mode::Refuse {
-            self.cut();
-        }
+        self.shared.switch(mode);
     }
 
     pub fn mode(&self) -> Mode {
@@ -307,8 +317,7 @@ impl Proxy {
 
     /// Close every open connection now (clients see the peer hang up).
     pub fn cut(&self) {
-        self.shared.cut.fetch_add(1, Ordering::Relaxed);
-        self.shared.cuts.send_modify(|n| *n += 1);
+        self.shared.cut_all();
     }
 
     /// Arm a one-shot reply loss: the next request (client -> Redis bytes)
@@ -695,6 +704,11 @@ async fn pipe(
                     Err(_) => return,
                 };
             }
+            if mode == Mode::Refuse {
+                // Read as the proxy began refusing: the connection is being
+                // closed, and nothing more gets through it.
+                return;
+            }
             if dir == Dir::ToClient && conn.loss.load(Ordering::SeqCst) == LOSS_SENT {
                 // Redis answered the matching request: lose the answer and
                 // hang up both ways.
@@ -705,9 +719,7 @@ async fn pipe(
                     None
                 };
                 match then {
-                    Some(Then::Mode(next)) => {
-                        shared.mode.send_replace(next);
-                    }
+                    Some(Then::Mode(next)) => shared.switch(next),
                     Some(Then::Slow(p, to_redis, to_client)) => {
                         *shared.slow.lock().unwrap() = Some((p, to_redis, to_client));
                     }
@@ -789,6 +801,24 @@ mod tests {
         let mut got = vec![0u8; msg.len()];
         s.read_exact(&mut got)?;
         Ok(got)
+    }
+
+    /// A lost reply that switches the proxy to `Refuse` closes the other
+    /// open connections too, as `set(Refuse)` does: the client cannot ask
+    /// Redis about the outcome over a connection it already had.
+    #[test]
+    fn refuse_after_a_lost_reply_closes_every_connection() {
+        let p = Proxy::start(echo());
+        let mut other = connect(&p);
+        assert_eq!(roundtrip(&mut other, b"open").unwrap(), b"open");
+        let mut s = connect(&p);
+        p.lose_reply_to_then(b"lose", Mode::Refuse);
+        assert!(roundtrip(&mut s, b"lose").is_err(), "the reply came");
+        assert_eq!(p.mode(), Mode::Refuse);
+        assert!(
+            roundtrip(&mut other, b"asks").is_err(),
+            "an open connection still reached the server"
+        );
     }
 
     #[test]
