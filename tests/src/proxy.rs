@@ -338,8 +338,9 @@ impl Proxy {
     }
 
     /// Like [`Proxy::lose_reply_to`], and once the reply is lost the proxy
-    /// switches to `mode` (`Mode::Refuse`: the client cannot reconnect to
-    /// learn the outcome either).
+    /// switches to `mode` as [`set`](Self::set) does (`Mode::Refuse`: every
+    /// open connection is closed and the client cannot reconnect, so it
+    /// cannot learn the outcome either).
     pub fn lose_reply_to_then(&self, pattern: &[u8], mode: Mode) {
         *self.shared.then.lock().unwrap() = Some(Then::Mode(mode));
         self.lose_reply_to(pattern);

@@ -1497,6 +1497,23 @@ fn redlock_minority_failed_acquires_leave_no_keys() {
     );
 }
 
+/// Whether `server` runs no command (bar the `INFO` that asks) for `span`
+/// in a row, within 10 s.
+async fn quiet_for(server: &RedisServer, span: Duration) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (mut seen, mut since) = (server.all_calls(), Instant::now());
+    while Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let now = server.all_calls();
+        if now != seen {
+            (seen, since) = (now, Instant::now());
+        } else if since.elapsed() >= span {
+            return true;
+        }
+    }
+    false
+}
+
 /// Failed acquires leave nothing behind: wait time-outs, and attempts whose
 /// reply never came (black hole, drop) or came too late (delay).
 #[test]
@@ -1565,6 +1582,7 @@ fn failed_acquires_leave_no_keys() {
         "  {:<38} {timeouts}/100 timed out; 0 keys, 0 subscriptions left",
         "wait time-outs"
     ));
+    drop(client);
 
     // Replies that never come or come too late: `Backend` errors, and
     // whatever Redis granted meanwhile is taken back.
@@ -1584,9 +1602,18 @@ fn failed_acquires_leave_no_keys() {
             true,
         ),
     ] {
-        // A client of its own: what the previous case left in flight (an
-        // undo still killing the connection its attempt went on, over a
-        // connection the new fault slows) holds up no acquire of this one.
+        // A client of its own, once the previous one's undos are through:
+        // what that case left in flight (a connection the proxy closes
+        // late, an undo sent once more an op_timeout later) neither holds
+        // up this case's acquires nor counts among its scripts.
+        let quiet = rt.block_on(quiet_for(
+            &server,
+            op_timeout * 2 + Duration::from_millis(200),
+        ));
+        assert!(
+            quiet,
+            "{what}: Redis never went quiet after the previous case"
+        );
         let client = connect();
         // Start from a working connection: then every acquire below is
         // really sent.
@@ -1660,6 +1687,15 @@ fn failed_acquires_leave_no_keys() {
             healed.elapsed()
         ));
         assert_eq!(client.held_count(), 0);
+        // And the client works again.
+        let again = rt.block_on(async {
+            let g = client
+                .lock(unique("after"))
+                .wait(Duration::from_secs(5))
+                .await?;
+            g.release().await
+        });
+        assert!(again.is_ok(), "{what}: no lock after healing: {again:?}");
     }
     println!("\n== failed acquires ==\n{}", rows.join("\n"));
 }
