@@ -1500,18 +1500,15 @@ fn redlock_minority_failed_acquires_leave_no_keys() {
 /// Whether `server` runs no command (bar the `INFO` that asks) for `span`
 /// in a row, within 10 s.
 async fn quiet_for(server: &RedisServer, span: Duration) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(10);
     let (mut seen, mut since) = (server.all_calls(), Instant::now());
-    while Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    eventually(Duration::from_secs(10), || {
         let now = server.all_calls();
         if now != seen {
             (seen, since) = (now, Instant::now());
-        } else if since.elapsed() >= span {
-            return true;
         }
-    }
-    false
+        since.elapsed() >= span
+    })
+    .await
 }
 
 /// Failed acquires leave nothing behind: wait time-outs, and attempts whose
