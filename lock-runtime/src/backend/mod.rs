@@ -274,6 +274,19 @@ impl Backend {
             fake _f => Err(Fault::other("not used")))
     }
 
+    /// End `holder`'s hold of this lock as [`force_release`] ends each
+    /// hold, and only if `holder` still holds it. Whether it ended one.
+    ///
+    /// [`force_release`]: Self::force_release
+    pub(crate) async fn force_release_if(
+        &self,
+        name: &LockName,
+        holder: &str,
+    ) -> Result<bool, Fault> {
+        each!(self, b => b.force_release_if(name, holder).await,
+            fake _f => Err(Fault::other("not used")))
+    }
+
     /// The Redis names matching the glob `pattern` (`SCAN`, on every
     /// primary or node); the caller picks the locks among them.
     pub(crate) async fn scan(&self, pattern: &str) -> Result<Vec<String>, Fault> {

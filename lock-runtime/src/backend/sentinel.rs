@@ -496,6 +496,24 @@ impl SentinelBackend {
         out
     }
 
+    /// Like [`force_release`](Self::force_release), not run again on a new
+    /// primary after a failure.
+    pub(crate) async fn force_release_if(
+        &self,
+        name: &LockName,
+        holder: &str,
+    ) -> Result<bool, Fault> {
+        let (primary, started) = (self.shared.current(), Instant::now());
+        let out = primary
+            .node
+            .force_release_if(name, holder, Wake::IfReleased)
+            .await;
+        if matches!(&out, Err(e) if may_have_moved(e)) {
+            self.shared.after_failure(&primary, started).await;
+        }
+        out
+    }
+
     pub(crate) async fn scan(&self, pattern: &str) -> Result<Vec<String>, Fault> {
         self.shared
             .on_primary(|p| async move { p.node.scan(pattern).await })
