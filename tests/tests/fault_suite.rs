@@ -1182,6 +1182,19 @@ fn reply_faults_one_connection_at_a_time() {
     report.assert_clean();
 }
 
+/// Sentinel under load with the primary failing over (one failover
+/// bounded, one every 20 s with `FAULT_FULL=1`): with `replica_acks` never
+/// two bodies at once; without, only where the earlier holder was told
+/// `Lost` within a lease. See `fault_suite/sentinel_nemesis.rs`.
+#[test]
+fn sentinel_failovers_under_load() {
+    let _serial = serial();
+    sentinel_nemesis::failovers_under_load();
+}
+
+#[path = "fault_suite/sentinel_nemesis.rs"]
+mod sentinel_nemesis;
+
 // ---------------------------------------------------------------------------
 // Focused scenarios.
 

@@ -2,6 +2,10 @@
 //!
 //! `fault_worker LOCK_URL STORE_URL|- PROC_ID KEYS TASKS MODE [SETTINGS]`
 //!
+//! `LOCK_URL` is one Redis, or `sentinel:MASTER:K:MS@URL,URL,…` for the
+//! primary the sentinels at those URLs name, with `replica_acks(K, MS ms)`
+//! (`K` 0: without).
+//!
 //! Runs `TASKS` tasks that loop over: pick one of the comma-separated `KEYS`,
 //! acquire it (lease 1 s, wait 2 s), write the fence to the fenced store
 //! (`-`: no store), sometimes hold it a while (a target for SIGSTOP), write
@@ -286,16 +290,36 @@ async fn attr_op(ctx: &Ctx, op: u64, key: &str, read: bool) {
     }
 }
 
+/// `sentinel:MASTER:K:MS@URL,URL,…` (see the module docs).
+async fn connect_sentinel(
+    spec: &str,
+    builder: lock_runtime::LockClientBuilder,
+) -> Result<LockClient, LockError> {
+    let (head, urls) = spec.split_once('@').expect("sentinel:MASTER:K:MS@URLS");
+    let parts: Vec<&str> = head.split(':').collect();
+    let [master, k, ms] = parts[..] else {
+        panic!("sentinel:MASTER:K:MS@URLS, got {spec}");
+    };
+    let k: usize = k.parse().expect("K");
+    let builder = match k {
+        0 => builder,
+        k => builder.replica_acks(k, Duration::from_millis(ms.parse().expect("MS"))),
+    };
+    builder.sentinel(urls.split(','), master).await
+}
+
 async fn connect(url: &str, settings: Settings) -> LockClient {
     // Redis (or the proxy in front of it) may be faulted right now.
     let mut last = None;
     for _ in 0..60 {
-        match LockClient::builder()
+        let builder = LockClient::builder()
             .lease(settings.lease)
-            .wait(settings.wait)
-            .connect(url)
-            .await
-        {
+            .wait(settings.wait);
+        let client = match url.strip_prefix("sentinel:") {
+            Some(spec) => connect_sentinel(spec, builder).await,
+            None => builder.connect(url).await,
+        };
+        match client {
             Ok(c) => return c,
             Err(e) => {
                 last = Some(e);
