@@ -4,7 +4,11 @@
 //! nemesis kills the primary (`kill -9`), waits until the sentinels name
 //! another, and a while later starts the old one again, empty, for the
 //! sentinels to make a replica of the new primary: one failover in the
-//! bounded run, one about every 20 s with `FAULT_FULL=1`.
+//! bounded run, one about every 20 s with `FAULT_FULL=1`. Before the kill
+//! (every other one in the full run), replication stalls for longer than a
+//! lease: the replicas, still answering the sentinels, cannot reconnect to
+//! the primary, so the one promoted lacks what the primary granted and
+//! renewed meanwhile.
 //!
 //! Judged by the history checker. With `replica_acks`: no two bodies at
 //! once, ever. Without: a failover may lose a lock the replica had not
@@ -71,16 +75,32 @@ impl Deployment {
             .expect("the sentinels name a node of this deployment")
     }
 
-    /// Kill the primary; returns its index, once the sentinels name
-    /// another, and how long that took.
-    fn fail_over(&mut self, fleets: &[&Fleet]) -> (usize, Duration) {
+    /// Kill the primary, after `stall` without replication if given;
+    /// returns its index, once the sentinels name another, and how long
+    /// that took.
+    fn fail_over(&mut self, fleets: &[&Fleet], stall: Option<Duration>) -> (usize, Duration) {
         let old = self.sentinels.primary_port().expect("a primary");
         let i = self.node_at(old);
+        let replicas: Vec<usize> = (0..self.nodes.len()).filter(|&j| j != i).collect();
+        if let Some(stall) = stall {
+            // A password the primary does not want: the replicas' links,
+            // cut, cannot come back (the primary refuses their `AUTH`).
+            for &j in &replicas {
+                let _: String = self.nodes[j].cmd(&["CONFIG", "SET", "masterauth", "stalled"]);
+            }
+            let _: i64 = self.nodes[i].cmd(&["CLIENT", "KILL", "TYPE", "replica"]);
+            std::thread::sleep(stall);
+        }
         for f in fleets {
             f.fault(None, FaultKind::RedisDown { wipe: false });
         }
         self.nodes[i].kill();
         let killed = Instant::now();
+        if stall.is_some() {
+            for &j in &replicas {
+                let _: String = self.nodes[j].cmd(&["CONFIG", "SET", "masterauth", ""]);
+            }
+        }
         let new = self.sentinels.wait_failover(old, Duration::from_secs(60));
         let took = killed.elapsed();
         for f in fleets {
@@ -165,7 +185,10 @@ fn run(run_for: Duration, every: Duration) -> (Outcome, Outcome, Vec<Duration>) 
             std::thread::sleep((next - now).min(Duration::from_millis(200)));
             continue;
         }
-        let (down, took) = d.fail_over(&[&acked, &plain]);
+        // A stall before the first failover, and every other one after.
+        let stall =
+            (failovers.len() % 2 == 0).then_some(LOCKING.lease + Duration::from_millis(500));
+        let (down, took) = d.fail_over(&[&acked, &plain], stall);
         failovers.push(took);
         if full() {
             d.bring_back(down);
