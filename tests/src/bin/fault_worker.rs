@@ -15,7 +15,8 @@
 //! it shares the key with other readers, writes nothing, and holds it the
 //! same way, so the checker sees readers overlap each other and never a
 //! writer. `SETTINGS` (`lease_ms=5000,wait_ms=12000,read_pct=60`, any of
-//! them) changes the lease, the wait and the share of readers.
+//! them) changes the lease, the wait and the share of readers;
+//! `long_hold_ms=N` makes the long holds last N to 2N ms (0: 80-200 ms).
 //!
 //! Every step is printed as a history line (`tests::history`), stamped
 //! with `CLOCK_MONOTONIC`: a call's wait with its attempt, how long it took
@@ -49,6 +50,8 @@ struct Settings {
     wait: Duration,
     /// Of every 100 ops, this many take the read lock.
     read_pct: u32,
+    /// A long hold lasts this long to twice that (0: 80-200 ms).
+    long_hold_ms: u64,
 }
 
 impl Settings {
@@ -57,6 +60,7 @@ impl Settings {
             lease: LEASE,
             wait: WAIT,
             read_pct: 25,
+            long_hold_ms: 0,
         };
         for pair in arg.unwrap_or("").split(',').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').expect("SETTINGS: key=value,...");
@@ -65,6 +69,7 @@ impl Settings {
                 "lease_ms" => s.lease = Duration::from_millis(n),
                 "wait_ms" => s.wait = Duration::from_millis(n),
                 "read_pct" => s.read_pct = n as u32,
+                "long_hold_ms" => s.long_hold_ms = n,
                 _ => panic!("SETTINGS: unknown {k}"),
             }
         }
@@ -127,7 +132,10 @@ async fn work(ctx: &Ctx, op: u64, key: &str, fence: u64, read: bool) {
         write(ctx, op, key, fence).await;
     }
     if fastrand::u32(..LONG_HOLD_ONE_IN) == 0 {
-        let ms = fastrand::u64(80..200);
+        let ms = match ctx.settings.long_hold_ms {
+            0 => fastrand::u64(80..200),
+            n => fastrand::u64(n..2 * n),
+        };
         ctx.rec.record(op, key, Kind::Hold { ms });
         tokio::time::sleep(Duration::from_millis(ms)).await;
     } else {
