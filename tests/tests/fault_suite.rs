@@ -40,6 +40,9 @@ struct Locking {
     wait: Duration,
     /// Of every 100 ops, this many take the read lock.
     read_pct: u32,
+    /// A long hold (one op in 40) lasts this long to twice that; 0: the
+    /// worker's 80-200 ms.
+    long_hold_ms: u64,
 }
 
 impl Locking {
@@ -48,14 +51,16 @@ impl Locking {
         lease: LEASE,
         wait: Duration::from_secs(2),
         read_pct: 25,
+        long_hold_ms: 0,
     };
 
     fn arg(&self) -> String {
         format!(
-            "lease_ms={},wait_ms={},read_pct={}",
+            "lease_ms={},wait_ms={},read_pct={},long_hold_ms={}",
             self.lease.as_millis(),
             self.wait.as_millis(),
-            self.read_pct
+            self.read_pct,
+            self.long_hold_ms
         )
     }
 }
@@ -1082,6 +1087,7 @@ fn one_client_at_a_time(
             lease: Duration::from_secs(5),
             wait: Duration::from_secs(12),
             read_pct,
+            long_hold_ms: 0,
         },
     );
     let plan = Plan {
@@ -1181,6 +1187,19 @@ fn reply_faults_one_connection_at_a_time() {
     }
     report.assert_clean();
 }
+
+/// Sentinel under load with the primary failing over (one failover
+/// bounded, one every 20 s with `FAULT_FULL=1`): with `replica_acks` never
+/// two bodies at once; without, only where the earlier holder was told
+/// `Lost` within a lease. See `fault_suite/sentinel_nemesis.rs`.
+#[test]
+fn sentinel_failovers_under_load() {
+    let _serial = serial();
+    sentinel_nemesis::failovers_under_load();
+}
+
+#[path = "fault_suite/sentinel_nemesis.rs"]
+mod sentinel_nemesis;
 
 // ---------------------------------------------------------------------------
 // Focused scenarios.
