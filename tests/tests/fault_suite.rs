@@ -1174,7 +1174,7 @@ fn cluster_slot_migrations_under_load() {
     assert!(run.migrations >= 2, "only {} migrations", run.migrations);
     assert!(run.longest_mixed > 2 * OP_TIMEOUT);
     assert!(
-        run.report.acquisitions >= 100,
+        run.report.acquisitions >= 60,
         "only {} acquisitions: the clients hardly ran",
         run.report.acquisitions
     );

@@ -17,12 +17,17 @@ use super::{full, rand_ms, OP_TIMEOUT};
 const PRIMARIES: usize = 3;
 const CLIENTS: usize = 3;
 const TASKS_PER_CLIENT: usize = 4;
-const KEYS: usize = 4;
+const KEYS: usize = 6;
 /// Other keys in each lock's slot, so that a migration moves many keys and
 /// can be held with some of them moved.
 const FILLERS: usize = 100;
 const LEASE: Duration = Duration::from_secs(5);
 const WAIT: Duration = Duration::from_secs(10);
+/// Of every 100 ops, this many take the read lock (whose renewal declares
+/// two keys, and so meets `TRYAGAIN` while the slot is split).
+const READ_PCT: u32 = 25;
+/// One op in this many holds for 1–3 s: renewals cross migrations.
+const LONG_HOLD_ONE_IN: u32 = 25;
 
 /// What the run did, besides the checker's report.
 pub(crate) struct ClusterRun {
@@ -172,7 +177,8 @@ pub(crate) fn run(run_for: Duration) -> ClusterRun {
         "ran for".into(),
         format!(
             "{:.1} s, {CLIENTS} clients x {TASKS_PER_CLIENT} tasks on {KEYS} keys (a slot each, \
-             {FILLERS} other keys there); {PRIMARIES} primaries; lease {LEASE:?}, wait {WAIT:?}",
+             {FILLERS} other keys there); {PRIMARIES} primaries; lease {LEASE:?}, wait {WAIT:?}, \
+             {READ_PCT} % readers, one hold in {LONG_HOLD_ONE_IN} 1-3 s",
             started.elapsed().as_secs_f64()
         ),
     ));
@@ -205,7 +211,13 @@ async fn lock_once(
         },
     );
     let called = Instant::now();
-    let guard = match client.lock(key).lease(LEASE).wait(WAIT).await {
+    let read = fastrand::u32(..100) < READ_PCT;
+    let request = if read {
+        client.read_lock(key)
+    } else {
+        client.lock(key)
+    };
+    let guard = match request.lease(LEASE).wait(WAIT).await {
         Ok(g) => g,
         Err(e) => {
             let waited_ms = called.elapsed().as_millis() as u64;
@@ -227,14 +239,23 @@ async fn lock_once(
             return;
         }
     };
-    rec.record(
-        op,
-        key,
-        Kind::Acquired {
-            fence: guard.fence(),
-        },
-    );
-    tokio::time::sleep(rand_ms(5, 60)).await;
+    let fence = guard.fence();
+    let kind = if read {
+        Kind::AcquiredRead { fence }
+    } else {
+        Kind::Acquired { fence }
+    };
+    rec.record(op, key, kind);
+    let body = if fastrand::u32(..LONG_HOLD_ONE_IN) == 0 {
+        rand_ms(1_000, 3_000)
+    } else {
+        rand_ms(5, 60)
+    };
+    // Told of a loss as it happens, as a body racing `lost()` would be.
+    tokio::select! {
+        () = tokio::time::sleep(body) => {}
+        () = guard.lost() => {}
+    }
     if guard.is_lost() {
         rec.record(op, key, Kind::Lost);
         drop(guard);
