@@ -298,7 +298,8 @@ async fn slot_migration_while_held_follows_ask_and_moved() {
     tests::init_tracing();
     let cluster = Cluster::start(3, 0, 2000);
     // A slot migration is as slow as this test's harness makes it; a
-    // TRYAGAIN is retried for up to one operation timeout.
+    // TRYAGAIN is retried until the call's wait runs out
+    // (`calls_wait_out_a_long_slot_migration` holds one for longer).
     let client = builder()
         .op_timeout(Duration::from_secs(5))
         .cluster(cluster.urls())

@@ -21,7 +21,10 @@ const KEYS: usize = 6;
 /// Other keys in each lock's slot, so that a migration moves many keys and
 /// can be held with some of them moved.
 const FILLERS: usize = 100;
-const LEASE: Duration = Duration::from_secs(5);
+/// Longer than the longest migration held half moved plus its finish: a
+/// reader's renewal (which meets `TRYAGAIN` while the slot is split) and a
+/// release sent during a migration land before the hold's deadline.
+const LEASE: Duration = Duration::from_secs(8);
 const WAIT: Duration = Duration::from_secs(10);
 /// Of every 100 ops, this many take the read lock (whose renewal declares
 /// two keys, and so meets `TRYAGAIN` while the slot is split).
@@ -262,11 +265,13 @@ async fn lock_once(
         return;
     }
     rec.record(op, key, Kind::Releasing);
+    let releasing = Instant::now();
     match guard.release().await {
         Ok(()) => rec.record(op, key, Kind::Released),
         Err(LockError::Lost { .. }) => rec.record(op, key, Kind::ReleaseLost),
         Err(e) => {
-            eprintln!("release of {key} failed: {e}");
+            let took = releasing.elapsed();
+            eprintln!("release of {key} (read: {read}) failed after {took:?}: {e}");
             release_failures.fetch_add(1, Ordering::Relaxed);
             rec.record(op, key, Kind::ReleaseFailed);
         }
