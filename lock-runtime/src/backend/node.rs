@@ -133,6 +133,10 @@ pub(crate) struct RedisNode {
     /// The server refused the native delete once (a downgrade, an ACL
     /// that allows scripts only, a cluster half upgraded): scripts only.
     native_refused: Arc<std::sync::atomic::AtomicBool>,
+    /// A command whose cluster slot is on the move is sent again until
+    /// then, past the operation timeout (see
+    /// [`riding_out_moves`](Self::riding_out_moves)).
+    moves_until: Option<tokio::time::Instant>,
 }
 
 #[derive(Clone)]
@@ -243,6 +247,7 @@ impl RedisNode {
             native_delete: None,
             counter: Arc::default(),
             native_refused: Arc::default(),
+            moves_until: None,
         };
         node.load_scripts().await?;
         node.native_delete = node.find_native_delete().await;
@@ -306,6 +311,7 @@ impl RedisNode {
             native_delete: None,
             counter: Arc::default(),
             native_refused: Arc::default(),
+            moves_until: None,
         }
     }
 
@@ -326,6 +332,20 @@ impl RedisNode {
             Some(NativeDelete::DelEx)
         } else {
             None
+        }
+    }
+
+    /// This node for a release whose lock expires by itself at `until`:
+    /// while the cluster says its slot is on the move (the command did not
+    /// run), each send is followed by another until then, so that the
+    /// release lands once the migration is through instead of leaving the
+    /// lock to its lease. Any other fault still ends it within one
+    /// operation timeout of the last such answer.
+    #[cfg(feature = "cluster")]
+    pub(crate) fn riding_out_moves(&self, until: tokio::time::Instant) -> RedisNode {
+        RedisNode {
+            moves_until: Some(until),
+            ..self.clone()
         }
     }
 
@@ -601,6 +621,11 @@ impl RedisNode {
                 return out;
             };
             let now = tokio::time::Instant::now();
+            if let Some(moves) = self.moves_until.filter(|_| e.is_slot_moving()) {
+                // Answered, not run: another operation timeout, up to the
+                // bound this node was given.
+                deadline = deadline.max(moves.min(now + self.settings.op_timeout));
+            }
             if !(resend(e) && now + pause + MIN_SEND < deadline) {
                 return out;
             }
@@ -917,12 +942,19 @@ impl RedisNode {
         owner: &str,
         left: Duration,
     ) -> Result<Released, Fault> {
+        // Counted from here: a send that lands later (after a slot move)
+        // leaves the lock for what is left of it.
+        let until = tokio::time::Instant::now() + left;
+        let readers = name.readers();
+        let keys: &[&str] = &[&name.hash, &readers];
         let kept: i64 = self
-            .eval(
-                &scripts::KEEP,
-                &[&name.hash, &name.readers()],
-                &[Arg::Str(owner), Arg::Num(millis(left))],
-            )
+            .retrying(|limit| async move {
+                let left = until.saturating_duration_since(tokio::time::Instant::now());
+                let args = [Arg::Str(owner), Arg::Num(millis(left))];
+                let sha = Query::Cmd(scripts::KEEP.evalsha(keys, &args));
+                self.eval_once(&scripts::KEEP, &sha, keys, &args, limit)
+                    .await
+            })
             .await?;
         Ok(if kept == 1 {
             Released::Freed
