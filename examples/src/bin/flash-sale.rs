@@ -187,6 +187,9 @@ async fn serve(args: ServeArgs) -> Result<(), scenario::Error> {
     // (the demo does).
     println!("listening on http://{}", listener.local_addr()?);
     service::serve(listener, shop, service::shutdown_signal()).await?;
+    // The requests in flight are done: hand any lock still held to the
+    // next instance now, not one lease from now.
+    lock_runtime::close_global(Duration::from_secs(5)).await;
     Ok(())
 }
 
