@@ -249,6 +249,12 @@ pub use request::LockRequest;
 pub use run::{LockResult, SkipResult};
 pub use scope::{current_fence, current_fences};
 
+/// The README's Rust blocks, compiled (and, where they need no Redis, run)
+/// as doctests, so that what a new user copies cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+mod readme_doctests {}
+
 #[cfg(test)]
 mod readme {
     /// The README's feature list is the one generated from Cargo.toml (the

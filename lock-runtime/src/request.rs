@@ -89,8 +89,10 @@ impl LockClient {
     /// a writer releases, every reader queued behind it gets the lock at
     /// once; the last reader out hands it to the next writer. No polling.
     ///
-    /// A reader's [`fence`](crate::LockGuard::fence) is the key's current
-    /// token (the last writer's); only writers raise it. In a scope that
+    /// The first reader of a fresh read hold takes a token above every
+    /// earlier writer's, and readers that join the hold share it
+    /// ([`fence`](crate::LockGuard::fence)); the next writer's is higher
+    /// still. In a scope that
     /// holds the write lock, a read lock of the same key re-enters it; in
     /// one that holds the read lock, asking for the write lock is
     /// [`LockError::UpgradeRefused`] at once, since waiting for the other
