@@ -67,6 +67,15 @@ pub struct Audit {
     pub stale_refused: u64,
 }
 
+/// Initial stock, stock counter, orders, buyers, stale writes refused.
+type AuditReply = (
+    Option<i64>,
+    Option<i64>,
+    u64,
+    HashMap<String, u64>,
+    Option<u64>,
+);
+
 /// What [`Store::commit`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Committed {
@@ -336,13 +345,7 @@ impl Store {
         match self {
             Store::Redis(con) => {
                 let mut con = con.clone();
-                let (initial, stock, sold, buyers, stale): (
-                    Option<i64>,
-                    Option<i64>,
-                    u64,
-                    HashMap<String, u64>,
-                    Option<u64>,
-                ) = redis::pipe()
+                let (initial, stock, sold, buyers, stale): AuditReply = redis::pipe()
                     .get(initial_key(item))
                     .get(stock_key(item))
                     .llen(orders_key(item))
