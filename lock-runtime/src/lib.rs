@@ -50,6 +50,16 @@
 //! message (`docs/HANDOFF.md`). After a release with nobody waiting
 //! nothing of the lock remains: no key is kept per lock name.
 //!
+//! # Start-up and shutdown
+//! [`LockClient::connect_lazy`] builds a client without I/O, so a service
+//! starts while Redis is not up yet; [`LockClient::close`] (or
+//! [`close_global`]) at shutdown releases what the client still holds
+//! after a grace period, so waiters elsewhere are served at once rather
+//! than after a lease. `#[distributed_lock(client = app.locks)]` takes the
+//! client from the fn's scope (an axum handler's state) instead of the
+//! global one. `docs/PRODUCTION.md` covers leases, outages, versions and
+//! ACLs.
+//!
 //! # Looking at locks and clearing them
 //! [`LockClient::inspect`] says who holds a key, for how long, and how many
 //! wait; [`LockClient::force_release`] clears a stuck holder and serves the
@@ -148,14 +158,19 @@
 //!
 //! ```ignore
 //! // features = ["axum"]
-//! async fn pay(State(client): State<LockClient>, Path(id): Path<u64>) -> Result<String, LockError> {
-//!     let guard = client.lock(format!("order:{id}")).wait(Duration::from_secs(2)).await?;
-//!     // … charge once …
-//!     guard.release().await?;
+//! #[derive(Clone)]
+//! struct App { locks: LockClient }
+//!
+//! #[distributed_lock(key = "order:{id}", wait = "2s", client = app.locks)]
+//! async fn pay(State(app): State<App>, Path(id): Path<u64>) -> Result<String, LockError> {
+//!     // … charge once, with lock_runtime::current_fence() …
 //!     Ok("paid".into())
 //! }
-//! let app = Router::new().route("/pay/{id}", post(pay)).with_state(client);
+//! let app = Router::new().route("/pay/{id}", post(pay)).with_state(App { locks });
 //! ```
+//!
+//! `examples/src/bin/axum-service.rs` runs it, with a lazy connect and
+//! `close` after the graceful shutdown.
 //!
 //! # Tracing
 //! Every request runs in a `lock.acquire` span (`key`, `lock`, `wait_ms`,
