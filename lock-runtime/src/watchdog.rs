@@ -39,8 +39,10 @@ struct Shared {
     next_tick: AtomicU64,
     /// The task that renews (see [`Watchdog::start`]).
     task: Mutex<Task>,
-    /// The client is gone: the task ends.
+    /// The client is gone or closed: the task ends.
     closed: AtomicBool,
+    /// Told when the last entry leaves (see [`Watchdog::idle`]).
+    emptied: Notify,
 }
 
 struct Entry {
@@ -93,6 +95,8 @@ pub(crate) enum Ended {
     Lost = 1,
     /// It was held for its `max_hold`: renewals stopped on purpose.
     MaxHold = 2,
+    /// The client was closed while it was held: released by the close.
+    Closed = 3,
 }
 
 impl LostSignal {
@@ -115,6 +119,7 @@ impl LostSignal {
         match self.ended.load(Ordering::Acquire) {
             0 => None,
             2 => Some(Ended::MaxHold),
+            3 => Some(Ended::Closed),
             _ => Some(Ended::Lost),
         }
     }
@@ -192,6 +197,7 @@ impl Watchdog {
                 next_tick: AtomicU64::new(1),
                 task: Mutex::default(),
                 closed: AtomicBool::new(false),
+                emptied: Notify::new(),
             }),
         }
     }
@@ -280,8 +286,41 @@ impl Watchdog {
         let mut deadline = None;
         if entries.get(&key).is_some_and(|e| e.id == held.id) {
             deadline = entries.remove(&key).map(|e| e.timing.deadline);
+            if entries.is_empty() {
+                self.shared.emptied.notify_waiters();
+            }
         }
         Left { was_lost, deadline }
+    }
+
+    /// Resolves once no lock is being renewed.
+    pub(crate) async fn idle(&self) {
+        loop {
+            let notified = self.shared.emptied.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.shared.entries.lock().unwrap().is_empty() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Stop for good (the client is closed): every lock still renewed is
+    /// given up, its holder told it is lost, and returned to be released.
+    /// The task ends, and a hold taken after this is not renewed.
+    pub(crate) fn close(&self) -> Vec<Renewal> {
+        self.shared.closed.store(true, Ordering::Release);
+        let entries = std::mem::take(&mut *self.shared.entries.lock().unwrap());
+        self.shared.wake.notify_one();
+        self.shared.emptied.notify_waiters();
+        entries
+            .into_values()
+            .map(|e| {
+                e.lost.end(Ended::Closed);
+                e.renewal
+            })
+            .collect()
     }
 
     /// Whether `owner`'s lock under `hash` is being renewed.
@@ -429,6 +468,9 @@ async fn tick(shared: &Shared, backend: &Backend) {
         for key in ended {
             entries.remove(&key);
         }
+        if entries.is_empty() {
+            shared.emptied.notify_waiters();
+        }
         (batch, earliest)
     };
     if batch.is_empty() {
@@ -494,6 +536,9 @@ async fn tick(shared: &Shared, backend: &Backend) {
     }
     for key in gone {
         entries.remove(&key);
+    }
+    if entries.is_empty() {
+        shared.emptied.notify_waiters();
     }
 }
 

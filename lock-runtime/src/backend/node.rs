@@ -198,6 +198,17 @@ fn broke(e: &redis::RedisError) -> bool {
     super::fault::connection_broke(e) || e.is_unrecoverable_error()
 }
 
+/// The I/O thread's connection: no response timeout of its own (each
+/// command has its caller's), reconnecting by itself.
+fn manager_config(settings: &NodeSettings) -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(settings.connect_timeout))
+        .set_response_timeout(None)
+        .set_number_of_retries(2)
+        .set_min_delay(Duration::from_millis(50))
+        .set_max_delay(Duration::from_millis(500))
+}
+
 /// Where an operation's commands go (see [`Route`]).
 enum Via {
     Caller(Handle),
@@ -218,28 +229,51 @@ impl RedisNode {
     ) -> Result<Self, Fault> {
         let client = endpoint::client(info, &settings.access)?;
         let addr: Arc<str> = client.get_connection_info().addr().to_string().into();
-        // No response timeout of its own: each command has its caller's.
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(settings.connect_timeout))
-            .set_response_timeout(None)
-            .set_number_of_retries(2)
-            .set_min_delay(Duration::from_millis(50))
-            .set_max_delay(Duration::from_millis(500));
         let budget = settings.connect_timeout + settings.op_timeout;
         let conn = tokio::time::timeout(
             budget,
-            ConnectionManager::new_with_config(client.clone(), config),
+            ConnectionManager::new_with_config(client.clone(), manager_config(&settings)),
         )
         .await
         .map_err(|_| Fault::timed_out(format!("connecting to Redis at {addr}"), budget))?
         .map_err(|e| Fault::redis(format!("connecting to Redis at {addr}"), e))?;
+        let mut node = Self::over(client, addr, conn, settings);
+        node.load_scripts().await?;
+        node.native_delete = node.find_native_delete().await;
+        node.warn_if_evicting().await;
+        Ok(node)
+    }
+
+    /// A node that connects on its first command: nothing is sent until
+    /// then (a bad URL is still an error here). Scripts are loaded by the
+    /// first EVAL that finds them missing, and releases go by script (the
+    /// server's own compare-and-delete is not looked for). Must be called
+    /// inside the client's I/O runtime, where reconnects are spawned.
+    pub(crate) fn connect_lazy(url: &str, settings: NodeSettings) -> Result<Self, Fault> {
+        let client = endpoint::client(endpoint::info(url)?, &settings.access)?;
+        let addr: Arc<str> = client.get_connection_info().addr().to_string().into();
+        let conn =
+            ConnectionManager::new_lazy_with_config(client.clone(), manager_config(&settings))
+                .map_err(|e| {
+                    Fault::redis(format!("setting up a connection to Redis at {addr}"), e)
+                })?;
+        Ok(Self::over(client, addr, conn, settings))
+    }
+
+    /// A node over the I/O thread's connection `conn` to `client`'s server.
+    fn over(
+        client: redis::Client,
+        addr: Arc<str>,
+        conn: ConnectionManager,
+        settings: NodeSettings,
+    ) -> Self {
         let runtimes = Runtimes::new(
             client,
             AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(settings.connect_timeout))
                 .set_response_timeout(None),
         );
-        let mut node = RedisNode {
+        RedisNode {
             conn: Conn::Single(conn),
             runtimes: Some(Arc::new(runtimes)),
             addr,
@@ -248,11 +282,7 @@ impl RedisNode {
             counter: Arc::default(),
             native_refused: Arc::default(),
             moves_until: None,
-        };
-        node.load_scripts().await?;
-        node.native_delete = node.find_native_delete().await;
-        node.warn_if_evicting().await;
-        Ok(node)
+        }
     }
 
     /// Eviction is the one way Redis deletes a lock or a fence counter
