@@ -4,12 +4,17 @@
 //! watchdog renews every lock that would fall due before the next tick, in
 //! one batch (one pipelined round trip per Redis node), so a client holding
 //! many locks sends one request per tick, not one per lock.
+//!
+//! A round that waits for a slow answer blinds nothing: the holds it sent
+//! wait for it (no longer than the earliest of their deadlines), while the
+//! others, and holds taken meanwhile, go out in rounds of their own.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -54,6 +59,8 @@ struct Entry {
     /// (tick number, place in that tick's batch): matches the tick's
     /// outcomes back without a lookup per lock.
     slot: (u64, u32),
+    /// A round that sent it has not returned: no other round sends it.
+    out: bool,
 }
 
 /// Which task renews, and where it runs. The in-memory client's task runs
@@ -230,6 +237,7 @@ impl Watchdog {
             lost: Arc::new(lost),
             renewal,
             slot: (0, 0),
+            out: false,
         };
         let held = Held {
             id: entry.id,
@@ -366,6 +374,10 @@ async fn run(shared: Arc<Shared>, backend: Arc<Backend>, generation: u64) {
             task.stray |= crate::io::on_fallback();
         }
     }
+    // Rounds out at once: one that waits for a slow answer does not keep
+    // the others, nor holds taken meanwhile, from being renewed, or from
+    // being declared lost at their deadlines.
+    let mut rounds = FuturesUnordered::new();
     loop {
         let notified = shared.wake.notified();
         tokio::pin!(notified);
@@ -377,32 +389,62 @@ async fn run(shared: Arc<Shared>, backend: Arc<Backend>, generation: u64) {
         }
         let next = {
             let entries = shared.entries.lock().unwrap();
-            let next = entries.values().map(Entry::due).min();
+            let next = entries
+                .values()
+                .filter(|e| !e.out)
+                .map(Entry::due)
+                .min();
             *shared.scheduled.lock().unwrap() = next;
             next
         };
-        match next {
-            Some(at) => tokio::select! {
-                _ = tokio::time::sleep_until(at) => tick(&shared, &backend).await,
-                _ = notified => {}
-            },
-            None => notified.await,
+        let sleep = tokio::time::sleep_until(next.unwrap_or_else(Instant::now));
+        tokio::select! {
+            () = sleep, if next.is_some() => {
+                if let Some(round) = Round::start(&shared) {
+                    let (shared, backend) = (shared.clone(), backend.clone());
+                    rounds.push(async move { round.finish(&shared, &backend).await });
+                }
+            }
+            Some(()) = rounds.next(), if !rounds.is_empty() => {}
+            () = notified => {}
         }
     }
 }
 
+/// One renewal round: the holds it sends, each marked out until it
+/// returns, so no other round sends them meanwhile.
+struct Round {
+    tick_no: u64,
+    batch: Vec<Renewal>,
+    /// Its holds' earliest deadline: the round waits no longer.
+    earliest_deadline: Option<Instant>,
+}
+
+/// Start a round and wait for it (the task keeps several out at once).
+#[cfg(test)]
 async fn tick(shared: &Shared, backend: &Backend) {
-    let now = Instant::now();
-    // Each entry sent remembers its place in this tick's batch, so the
-    // outcomes are matched back without a lookup per lock (with 100k locks
-    // held, lookups were most of the watchdog's time).
-    let tick_no = shared.next_tick.fetch_add(1, Ordering::Relaxed);
-    let (batch, earliest_deadline): (Vec<Renewal>, Option<Instant>) = {
+    if let Some(round) = Round::start(shared) {
+        round.finish(shared, backend).await;
+    }
+}
+
+impl Round {
+    /// The holds due now that no round has out (`None`: there are none);
+    /// holds past their `max_hold` end here.
+    fn start(shared: &Shared) -> Option<Round> {
+        let now = Instant::now();
+        // Each entry sent remembers its place in this round's batch, so the
+        // outcomes are matched back without a lookup per lock (with 100k
+        // locks held, lookups were most of the watchdog's time).
+        let tick_no = shared.next_tick.fetch_add(1, Ordering::Relaxed);
         let mut entries = shared.entries.lock().unwrap();
-        let mut batch = Vec::with_capacity(entries.len());
+        let mut batch = Vec::new();
         let mut earliest = None::<Instant>;
         let mut ended = Vec::new();
         for (key, e) in entries.iter_mut() {
+            if e.out {
+                continue;
+            }
             match e.timing.tick(now, e.renewal.lease) {
                 // `max_hold` reached: renewals stop, and the hold is over.
                 Tick::MaxHold => {
@@ -413,6 +455,7 @@ async fn tick(shared: &Shared, backend: &Backend) {
                 // Everything that would fall due before its next tick goes now.
                 Tick::Renew(lease) => {
                     e.slot = (tick_no, batch.len() as u32);
+                    e.out = true;
                     let mut renewal = e.renewal.clone();
                     renewal.lease = lease;
                     batch.push(renewal);
@@ -425,71 +468,83 @@ async fn tick(shared: &Shared, backend: &Backend) {
         for key in ended {
             entries.remove(&key);
         }
-        (batch, earliest)
-    };
-    if batch.is_empty() {
-        return;
+        (!batch.is_empty()).then_some(Round {
+            tick_no,
+            batch,
+            earliest_deadline: earliest,
+        })
     }
-    let sent_at = Instant::now();
-    // Never wait past the point where a lock must be declared lost.
-    let limit = earliest_deadline
-        .map(|d| d.saturating_duration_since(sent_at))
-        .unwrap_or_default()
-        .max(Duration::from_millis(5));
-    // Deadlines are booked from the lease this tick sends, whatever the
-    // entry asks for by the time the answer comes.
-    let leases: Vec<Duration> = batch.iter().map(|r| r.lease).collect();
-    // No answer in time leaves every outcome missing: handled as a failure.
-    let mut outcomes: Vec<Renewed> = tokio::time::timeout(limit, backend.renew(batch))
-        .await
-        .unwrap_or_default();
-    let now = Instant::now();
-    let mut entries = shared.entries.lock().unwrap();
-    let mut gone = Vec::new();
-    for (key, entry) in entries.iter_mut() {
-        if entry.slot.0 != tick_no {
-            // Not in this batch, or taken since the batch was built.
-            continue;
+
+    /// Send the batch and book what came back (or did not, by the earliest
+    /// deadline).
+    async fn finish(self, shared: &Shared, backend: &Backend) {
+        let Round {
+            tick_no,
+            batch,
+            earliest_deadline,
+        } = self;
+        let sent_at = Instant::now();
+        // Never wait past the point where a lock must be declared lost.
+        let limit = earliest_deadline
+            .map(|d| d.saturating_duration_since(sent_at))
+            .unwrap_or_default()
+            .max(Duration::from_millis(5));
+        // Deadlines are booked from the lease this round sends, whatever the
+        // entry asks for by the time the answer comes.
+        let leases: Vec<Duration> = batch.iter().map(|r| r.lease).collect();
+        // No answer in time leaves every outcome missing: handled as a failure.
+        let mut outcomes: Vec<Renewed> = tokio::time::timeout(limit, backend.renew(batch))
+            .await
+            .unwrap_or_default();
+        let now = Instant::now();
+        let mut entries = shared.entries.lock().unwrap();
+        let mut gone = Vec::new();
+        for (key, entry) in entries.iter_mut() {
+            if entry.slot.0 != tick_no {
+                // Not in this round, or taken since the round was built.
+                continue;
+            }
+            entry.out = false;
+            let i = entry.slot.1 as usize;
+            let sent = leases[i];
+            let outcome = outcomes
+                .get_mut(i)
+                .map(|o| std::mem::replace(o, Renewed::Yes));
+            let verdict = match &outcome {
+                Some(Renewed::Yes) => Verdict::Renewed,
+                Some(Renewed::NotOwner) => Verdict::NotOwner,
+                _ => Verdict::NoAnswer,
+            };
+            let lost = entry.timing.answered(
+                verdict,
+                (sent_at, sent),
+                entry.renewal.lease,
+                backend.drift(sent),
+                now,
+            );
+            match (&outcome, lost) {
+                (Some(Renewed::NotOwner), _) => {
+                    tracing::warn!(key = %entry.renewal.name.key, "lock lost: Redis no longer has it for this holder");
+                }
+                (_, true) => {
+                    tracing::warn!(key = %entry.renewal.name.key, "lock lost: lease ran out while renewals failed");
+                }
+                (Some(Renewed::Failed(e)), false) => {
+                    tracing::debug!(key = %entry.renewal.name.key, error = %e, "lock renewal failed; retrying");
+                }
+                (None, false) => {
+                    tracing::debug!(key = %entry.renewal.name.key, "lock renewal got no answer in time; retrying");
+                }
+                (Some(Renewed::Yes), false) => {}
+            }
+            if lost {
+                entry.lost.set();
+                gone.push(key.clone());
+            }
         }
-        let i = entry.slot.1 as usize;
-        let sent = leases[i];
-        let outcome = outcomes
-            .get_mut(i)
-            .map(|o| std::mem::replace(o, Renewed::Yes));
-        let verdict = match &outcome {
-            Some(Renewed::Yes) => Verdict::Renewed,
-            Some(Renewed::NotOwner) => Verdict::NotOwner,
-            _ => Verdict::NoAnswer,
-        };
-        let lost = entry.timing.answered(
-            verdict,
-            (sent_at, sent),
-            entry.renewal.lease,
-            backend.drift(sent),
-            now,
-        );
-        match (&outcome, lost) {
-            (Some(Renewed::NotOwner), _) => {
-                tracing::warn!(key = %entry.renewal.name.key, "lock lost: Redis no longer has it for this holder");
-            }
-            (_, true) => {
-                tracing::warn!(key = %entry.renewal.name.key, "lock lost: lease ran out while renewals failed");
-            }
-            (Some(Renewed::Failed(e)), false) => {
-                tracing::debug!(key = %entry.renewal.name.key, error = %e, "lock renewal failed; retrying");
-            }
-            (None, false) => {
-                tracing::debug!(key = %entry.renewal.name.key, "lock renewal got no answer in time; retrying");
-            }
-            (Some(Renewed::Yes), false) => {}
+        for key in gone {
+            entries.remove(&key);
         }
-        if lost {
-            entry.lost.set();
-            gone.push(key.clone());
-        }
-    }
-    for key in gone {
-        entries.remove(&key);
     }
 }
 
@@ -552,6 +607,35 @@ mod tests {
         assert_eq!(
             entry.timing.next_due,
             sent_at + crate::protocol::interval(short)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_round_out_does_not_keep_a_new_hold_from_being_declared_lost_at_its_deadline() {
+        let dog = Watchdog::new();
+        let gate = Arc::new(Gate::default());
+        let backend = Arc::new(Backend::Fake(gate.clone()));
+        let renewal = |key: &str, lease: u64| Renewal {
+            name: LockName::new("lock:", key).unwrap(),
+            owner: format!("o:{key}").into(),
+            lease: Duration::from_secs(lease),
+        };
+        let _long = dog.insert(renewal("long", 30), Instant::now(), Duration::ZERO, None);
+        tokio::spawn(run(dog.shared.clone(), backend, 0));
+        // The long hold's round goes out and is never answered (a slow
+        // connection): it waits until that hold's deadline, 30 s away.
+        gate.sent.notified().await;
+        let granted = Instant::now();
+        let short = dog.insert(renewal("short", 1), granted, Duration::ZERO, None);
+        let told = tokio::time::timeout(Duration::from_secs(5), short.lost()).await;
+        assert!(
+            told.is_ok(),
+            "a 1 s hold taken while a round was out was not declared lost 5 s later"
+        );
+        assert_eq!(
+            Instant::now() - granted,
+            Duration::from_secs(1),
+            "declared lost at its deadline"
         );
     }
 }
