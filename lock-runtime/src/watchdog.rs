@@ -389,11 +389,7 @@ async fn run(shared: Arc<Shared>, backend: Arc<Backend>, generation: u64) {
         }
         let next = {
             let entries = shared.entries.lock().unwrap();
-            let next = entries
-                .values()
-                .filter(|e| !e.out)
-                .map(Entry::due)
-                .min();
+            let next = entries.values().filter(|e| !e.out).map(Entry::due).min();
             *shared.scheduled.lock().unwrap() = next;
             next
         };

@@ -394,7 +394,11 @@ async fn a_hold_taken_while_a_renewal_round_is_out_is_declared_lost_at_its_deadl
     // replies come 30 s late.
     proxy.slow_connection_of(&renew_sha(), Duration::ZERO, Duration::from_secs(30));
     let long_lease = Duration::from_secs(8);
-    let _long = a.lock(unique("round-out-long")).lease(long_lease).await.unwrap();
+    let _long = a
+        .lock(unique("round-out-long"))
+        .lease(long_lease)
+        .await
+        .unwrap();
     assert!(
         eventually(Duration::from_secs(10), || proxy.stats().slowed == 1).await,
         "the renewal never went out"
@@ -436,7 +440,9 @@ async fn a_hold_taken_while_a_renewal_round_is_out_is_declared_lost_at_its_deadl
         sent - round_out
     );
     let (b_got, told, b_after) = b_task.await.unwrap();
-    println!("declared lost {lost_after:?} after the acquire was sent; b got the key {b_after:?} after");
+    println!(
+        "declared lost {lost_after:?} after the acquire was sent; b got the key {b_after:?} after"
+    );
     assert!(b_got.is_ok(), "b never got the lapsed lock: {b_got:?}");
     assert!(
         told,
