@@ -63,7 +63,13 @@ async fn quorum_verdict_for_every_up_down_mask() {
             nodes[i].pause();
         }
         let key = unique(&format!("mask{mask:02}"));
-        let out = client.lock(&key).lease(Duration::from_secs(5)).await;
+        // A paused node is a slow one: a call keeps trying while it has
+        // wait left (here short, for the masks without a majority).
+        let out = client
+            .lock(&key)
+            .lease(Duration::from_secs(5))
+            .wait(Duration::from_millis(500))
+            .await;
         let up = N - down.len();
         match out {
             Ok(guard) => {
