@@ -57,10 +57,9 @@ struct Entry {
     timing: Renewing<Instant>,
     lost: Arc<LostSignal>,
     /// (tick number, place in that tick's batch): matches the tick's
-    /// outcomes back without a lookup per lock.
+    /// outcomes back without a lookup per lock, and says whether the round
+    /// that sent it last is still out.
     slot: (u64, u32),
-    /// A round that sent it has not returned: no other round sends it.
-    out: bool,
 }
 
 /// Which task renews, and where it runs. The in-memory client's task runs
@@ -237,7 +236,6 @@ impl Watchdog {
             lost: Arc::new(lost),
             renewal,
             slot: (0, 0),
-            out: false,
         };
         let held = Held {
             id: entry.id,
@@ -376,8 +374,12 @@ async fn run(shared: Arc<Shared>, backend: Arc<Backend>, generation: u64) {
     }
     // Rounds out at once: one that waits for a slow answer does not keep
     // the others, nor holds taken meanwhile, from being renewed, or from
-    // being declared lost at their deadlines.
+    // being declared lost at their deadlines. Their tick numbers: a hold
+    // whose last round is among them waits for it. They belong to this
+    // task: if it is dropped, so are they, and the next task sends their
+    // holds again.
     let mut rounds = FuturesUnordered::new();
+    let mut out: Vec<u64> = Vec::new();
     loop {
         let notified = shared.wake.notified();
         tokio::pin!(notified);
@@ -389,26 +391,33 @@ async fn run(shared: Arc<Shared>, backend: Arc<Backend>, generation: u64) {
         }
         let next = {
             let entries = shared.entries.lock().unwrap();
-            let next = entries.values().filter(|e| !e.out).map(Entry::due).min();
+            let next = entries
+                .values()
+                .filter(|e| !out.contains(&e.slot.0))
+                .map(Entry::due)
+                .min();
             *shared.scheduled.lock().unwrap() = next;
             next
         };
         let sleep = tokio::time::sleep_until(next.unwrap_or_else(Instant::now));
         tokio::select! {
             () = sleep, if next.is_some() => {
-                if let Some(round) = Round::start(&shared) {
+                if let Some(round) = Round::start(&shared, &out) {
+                    out.push(round.tick_no);
                     let (shared, backend) = (shared.clone(), backend.clone());
                     rounds.push(async move { round.finish(&shared, &backend).await });
                 }
             }
-            Some(()) = rounds.next(), if !rounds.is_empty() => {}
+            Some(tick_no) = rounds.next(), if !rounds.is_empty() => {
+                out.retain(|&t| t != tick_no);
+            }
             () = notified => {}
         }
     }
 }
 
-/// One renewal round: the holds it sends, each marked out until it
-/// returns, so no other round sends them meanwhile.
+/// One renewal round: the holds it sends, which no other round sends
+/// until it returns.
 struct Round {
     tick_no: u64,
     batch: Vec<Renewal>,
@@ -419,15 +428,15 @@ struct Round {
 /// Start a round and wait for it (the task keeps several out at once).
 #[cfg(test)]
 async fn tick(shared: &Shared, backend: &Backend) {
-    if let Some(round) = Round::start(shared) {
+    if let Some(round) = Round::start(shared, &[]) {
         round.finish(shared, backend).await;
     }
 }
 
 impl Round {
-    /// The holds due now that no round has out (`None`: there are none);
-    /// holds past their `max_hold` end here.
-    fn start(shared: &Shared) -> Option<Round> {
+    /// The holds due now that none of the rounds `out` sent (`None`:
+    /// there are none); holds past their `max_hold` end here.
+    fn start(shared: &Shared, out: &[u64]) -> Option<Round> {
         let now = Instant::now();
         // Each entry sent remembers its place in this round's batch, so the
         // outcomes are matched back without a lookup per lock (with 100k
@@ -438,7 +447,7 @@ impl Round {
         let mut earliest = None::<Instant>;
         let mut ended = Vec::new();
         for (key, e) in entries.iter_mut() {
-            if e.out {
+            if out.contains(&e.slot.0) {
                 continue;
             }
             match e.timing.tick(now, e.renewal.lease) {
@@ -451,7 +460,6 @@ impl Round {
                 // Everything that would fall due before its next tick goes now.
                 Tick::Renew(lease) => {
                     e.slot = (tick_no, batch.len() as u32);
-                    e.out = true;
                     let mut renewal = e.renewal.clone();
                     renewal.lease = lease;
                     batch.push(renewal);
@@ -472,8 +480,8 @@ impl Round {
     }
 
     /// Send the batch and book what came back (or did not, by the earliest
-    /// deadline).
-    async fn finish(self, shared: &Shared, backend: &Backend) {
+    /// deadline). Returns the round's tick number.
+    async fn finish(self, shared: &Shared, backend: &Backend) -> u64 {
         let Round {
             tick_no,
             batch,
@@ -500,7 +508,6 @@ impl Round {
                 // Not in this round, or taken since the round was built.
                 continue;
             }
-            entry.out = false;
             let i = entry.slot.1 as usize;
             let sent = leases[i];
             let outcome = outcomes
@@ -541,6 +548,7 @@ impl Round {
         for key in gone {
             entries.remove(&key);
         }
+        tick_no
     }
 }
 
@@ -633,5 +641,30 @@ mod tests {
             Duration::from_secs(1),
             "declared lost at its deadline"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_round_dropped_with_its_task_leaves_its_holds_to_the_next_task() {
+        let dog = Watchdog::new();
+        let gate = Arc::new(Gate::default());
+        let backend = Arc::new(Backend::Fake(gate.clone()));
+        let renewal = Renewal {
+            name: LockName::new("lock:", "k").unwrap(),
+            owner: "o".into(),
+            lease: Duration::from_secs(3),
+        };
+        let held = dog.insert(renewal, Instant::now(), Duration::ZERO, None);
+        let first = tokio::spawn(run(dog.shared.clone(), backend, 0));
+        gate.sent.notified().await;
+        // The task goes (its runtime shut down, say) with the round out;
+        // the task that takes over must send the hold again.
+        first.abort();
+        let _ = first.await;
+        let sent = tokio::time::timeout(Duration::from_millis(900), gate.sent.notified()).await;
+        assert!(
+            sent.is_ok(),
+            "the hold of the dropped round was never sent again"
+        );
+        assert!(!held.is_lost());
     }
 }
