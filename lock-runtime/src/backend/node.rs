@@ -595,7 +595,8 @@ impl RedisNode {
         F: FnMut(Limit) -> Fut,
         Fut: std::future::Future<Output = Result<T, Fault>>,
     {
-        use futures_util::stream::{FuturesUnordered, StreamExt};
+        use std::future::poll_fn;
+        use std::task::Poll;
         let now = tokio::time::Instant::now();
         let mut deadline = now + self.settings.op_timeout;
         if let Some(by) = by {
@@ -606,48 +607,71 @@ impl RedisNode {
             of: deadline.saturating_duration_since(tokio::time::Instant::now()),
             overlaps,
         };
-        let mut out = FuturesUnordered::new();
-        out.push(op(rest(false)));
-        // Once, while a send is still unanswered.
-        let mut half = Some(now + self.settings.op_timeout / 2)
-            .filter(|&at| at + MIN_SEND < deadline)
-            .map(tokio::time::sleep_until)
-            .map(Box::pin);
-        let mut again = None;
+        // At most two sends out at once (the first, and the one sent beside
+        // it at half the timeout), in two slots on the stack: an answered
+        // call allocates nothing more than before.
+        let mut one = std::pin::pin!(Some(op(rest(false))));
+        let mut two = std::pin::pin!(None::<Fut>);
+        let half_at = now + self.settings.op_timeout / 2;
+        let mut half_armed = half_at + MIN_SEND < deadline;
+        let half = tokio::time::sleep_until(half_at);
+        let again = tokio::time::sleep_until(deadline);
+        tokio::pin!(half, again);
+        let mut again_armed = false;
         let mut pause = RETRY_PAUSE;
         loop {
-            tokio::select! {
+            let answer = tokio::select! {
                 biased;
-                Some(answer) = out.next() => {
-                    let Err(e) = &answer else {
-                        return answer;
-                    };
-                    if !resend(e) {
-                        return answer;
-                    }
-                    if !out.is_empty() {
-                        // Another send is still out: its answer may yet come.
-                        tracing::debug!(error = %e, "Redis command failed; waiting for the other send");
-                        continue;
-                    }
-                    let now = tokio::time::Instant::now();
-                    if now + pause + MIN_SEND >= deadline {
-                        return answer;
-                    }
-                    tracing::debug!(error = %e, "Redis command failed; sending it again");
-                    again = Some(Box::pin(tokio::time::sleep(pause)));
-                    pause = (pause * 2).min(MAX_RETRY_PAUSE);
+                answer = poll_fn(|cx| match one.as_mut().as_pin_mut() {
+                    Some(send) => send.poll(cx),
+                    None => Poll::Pending,
+                }), if one.is_some() => {
+                    one.set(None);
+                    answer
                 }
-                () = async { half.as_mut().unwrap().await }, if half.is_some() && !out.is_empty() => {
-                    half = None;
+                answer = poll_fn(|cx| match two.as_mut().as_pin_mut() {
+                    Some(send) => send.poll(cx),
+                    None => Poll::Pending,
+                }), if two.is_some() => {
+                    two.set(None);
+                    answer
+                }
+                () = &mut half, if half_armed && (one.is_some() || two.is_some()) => {
+                    half_armed = false;
                     tracing::debug!("no answer in half the operation timeout; sending the command again");
-                    out.push(op(rest(true)));
+                    let send = Some(op(rest(true)));
+                    if one.is_none() {
+                        one.set(send);
+                    } else {
+                        two.set(send);
+                    }
+                    continue;
                 }
-                () = async { again.as_mut().unwrap().await }, if again.is_some() => {
-                    again = None;
-                    out.push(op(rest(false)));
+                () = &mut again, if again_armed => {
+                    again_armed = false;
+                    one.set(Some(op(rest(false))));
+                    continue;
                 }
+            };
+            let Err(e) = &answer else {
+                return answer;
+            };
+            if !resend(e) {
+                return answer;
             }
+            if one.is_some() || two.is_some() {
+                // The other send is still out: its answer may yet come.
+                tracing::debug!(error = %e, "Redis command failed; waiting for the other send");
+                continue;
+            }
+            let now = tokio::time::Instant::now();
+            if now + pause + MIN_SEND >= deadline {
+                return answer;
+            }
+            tracing::debug!(error = %e, "Redis command failed; sending it again");
+            again.as_mut().reset(now + pause);
+            again_armed = true;
+            pause = (pause * 2).min(MAX_RETRY_PAUSE);
         }
     }
 
