@@ -53,9 +53,6 @@ const MIN_SEND: Duration = Duration::from_millis(20);
 struct Limit {
     until: tokio::time::Instant,
     of: Duration,
-    /// An earlier send of the same command is still unanswered: it may run
-    /// on Redis before or after this one.
-    overlaps: bool,
 }
 
 impl Limit {
@@ -63,7 +60,6 @@ impl Limit {
         Limit {
             until: tokio::time::Instant::now() + of,
             of,
-            overlaps: false,
         }
     }
 }
@@ -276,6 +272,7 @@ impl RedisNode {
             AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(settings.connect_timeout))
                 .set_response_timeout(None),
+            settings.connect_timeout + settings.op_timeout,
         );
         RedisNode {
             conn: Conn::Single(conn),
@@ -598,9 +595,6 @@ impl RedisNode {
         let ran_before = std::sync::atomic::AtomicBool::new(false);
         let (ran_before, sha) = (&ran_before, &sha);
         self.retrying(|limit| async move {
-            if limit.overlaps {
-                ran_before.store(true, std::sync::atomic::Ordering::Relaxed);
-            }
             let out = self.eval_once(script, sha, keys, args, limit).await;
             if let Err(e) = &out {
                 if e.may_have_run() {
@@ -617,13 +611,12 @@ impl RedisNode {
     /// wait for an answer.
     ///
     /// Each send may wait for its answer until the operation timeout: a
-    /// slow reply that comes within it is never thrown away. A send still
-    /// unanswered at half of it may sit on a connection that died under it
-    /// (cut while idle, the close not yet seen): it is sent once more then,
-    /// which goes on the connection that replaced a dead one, and whichever
-    /// send answers first is the answer (every lock script is safe to run
-    /// twice; on a live but slow connection the second send only queues
-    /// behind the first).
+    /// slow reply that comes within it is never thrown away. No second copy
+    /// goes beside an unanswered send: on a live connection it would only
+    /// queue behind the first, and could run after the caller acted on the
+    /// first's answer (a busy answer given up on, then the copy taking the
+    /// lock for nobody). A connection that died under a send fails it, and
+    /// the command goes again on the one that replaces it.
     async fn retrying<T, F, Fut>(&self, op: F) -> Result<T, Fault>
     where
         F: FnMut(Limit) -> Fut,
@@ -645,74 +638,23 @@ impl RedisNode {
         F: FnMut(Limit) -> Fut,
         Fut: std::future::Future<Output = Result<T, Fault>>,
     {
-        use std::future::poll_fn;
-        use std::task::Poll;
         let now = tokio::time::Instant::now();
         let mut deadline = now + self.settings.op_timeout;
         if let Some(by) = by {
             deadline = deadline.min(by.max(now + MIN_SEND));
         }
-        let rest = |overlaps, deadline: tokio::time::Instant| Limit {
-            until: deadline,
-            of: deadline.saturating_duration_since(tokio::time::Instant::now()),
-            overlaps,
-        };
-        // At most two sends out at once (the first, and the one sent beside
-        // it at half the timeout), in two slots on the stack: an answered
-        // call allocates nothing more than before.
-        let mut one = std::pin::pin!(Some(op(rest(false, deadline))));
-        let mut two = std::pin::pin!(None::<Fut>);
-        let half_at = now + self.settings.op_timeout / 2;
-        let mut half_armed = half_at + MIN_SEND < deadline;
-        let half = tokio::time::sleep_until(half_at);
-        let again = tokio::time::sleep_until(deadline);
-        tokio::pin!(half, again);
-        let mut again_armed = false;
         let mut pause = RETRY_PAUSE;
         loop {
-            let answer = tokio::select! {
-                biased;
-                answer = poll_fn(|cx| match one.as_mut().as_pin_mut() {
-                    Some(send) => send.poll(cx),
-                    None => Poll::Pending,
-                }), if one.is_some() => {
-                    one.set(None);
-                    answer
-                }
-                answer = poll_fn(|cx| match two.as_mut().as_pin_mut() {
-                    Some(send) => send.poll(cx),
-                    None => Poll::Pending,
-                }), if two.is_some() => {
-                    two.set(None);
-                    answer
-                }
-                () = &mut half, if half_armed && (one.is_some() || two.is_some()) => {
-                    half_armed = false;
-                    tracing::debug!("no answer in half the operation timeout; sending the command again");
-                    let send = Some(op(rest(true, deadline)));
-                    if one.is_none() {
-                        one.set(send);
-                    } else {
-                        two.set(send);
-                    }
-                    continue;
-                }
-                () = &mut again, if again_armed => {
-                    again_armed = false;
-                    one.set(Some(op(rest(false, deadline))));
-                    continue;
-                }
+            let limit = Limit {
+                until: deadline,
+                of: deadline.saturating_duration_since(tokio::time::Instant::now()),
             };
-            let Err(e) = &answer else {
-                return answer;
+            let out = op(limit).await;
+            let Err(e) = &out else {
+                return out;
             };
             if !resend(e) {
-                return answer;
-            }
-            if one.is_some() || two.is_some() {
-                // The other send is still out: its answer may yet come.
-                tracing::debug!(error = %e, "Redis command failed; waiting for the other send");
-                continue;
+                return out;
             }
             let now = tokio::time::Instant::now();
             if let Some(moves) = self.moves_until.filter(|_| e.is_slot_moving()) {
@@ -721,11 +663,10 @@ impl RedisNode {
                 deadline = deadline.max(moves.min(now + self.settings.op_timeout));
             }
             if now + pause + MIN_SEND >= deadline {
-                return answer;
+                return out;
             }
             tracing::debug!(error = %e, "Redis command failed; sending it again");
-            again.as_mut().reset(now + pause);
-            again_armed = true;
+            tokio::time::sleep(pause).await;
             pause = (pause * 2).min(MAX_RETRY_PAUSE);
         }
     }
@@ -989,9 +930,6 @@ impl RedisNode {
                 let cmd = &cmd;
                 let d = self
                     .retrying(|limit| async move {
-                        if limit.overlaps {
-                            ran.store(true, std::sync::atomic::Ordering::Relaxed);
-                        }
                         let out = self.query(cmd, "releasing a lock", limit).await;
                         if matches!(&out, Err(e) if e.may_have_run()) {
                             ran.store(true, std::sync::atomic::Ordering::Relaxed);

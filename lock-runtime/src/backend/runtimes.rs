@@ -41,6 +41,9 @@ const MAX_ENDED: usize = 8;
 pub(crate) struct Runtimes {
     client: redis::Client,
     config: AsyncConnectionConfig,
+    /// How long opening a connection may take, `CLIENT INFO` included: a
+    /// stalled open must not hold every command of its runtime.
+    open_within: Duration,
     by_id: Mutex<HashMap<Id, Arc<Local>>>,
 }
 
@@ -118,10 +121,15 @@ impl Picked {
 impl Runtimes {
     /// `config` must have no response timeout: every command's caller sets
     /// its own deadline.
-    pub(crate) fn new(client: redis::Client, config: AsyncConnectionConfig) -> Self {
+    pub(crate) fn new(
+        client: redis::Client,
+        config: AsyncConnectionConfig,
+        open_within: Duration,
+    ) -> Self {
         Runtimes {
             client,
             config,
+            open_within,
             by_id: Mutex::new(HashMap::new()),
         }
     }
@@ -147,7 +155,7 @@ impl Runtimes {
         // (a handshake, then `CLIENT INFO`) takes longer than one command.
         let opening = {
             let cell = cell.clone();
-            let open = open(self.client.clone(), self.config.clone());
+            let open = open(self.client.clone(), self.config.clone(), self.open_within);
             caller.spawn(async move { cell.get_or_try_init(|| open).await.map(|c| c.conn.clone()) })
         };
         let opened = opening.await.unwrap_or_else(|e| {
@@ -199,17 +207,31 @@ impl Runtimes {
 
 /// Open a connection (in the runtime that is to drive it) and learn who
 /// it is (`CLIENT INFO`: Redis 6.2 and later).
-async fn open(client: redis::Client, config: AsyncConnectionConfig) -> redis::RedisResult<Conn> {
-    let mut conn = client
-        .get_multiplexed_async_connection_with_config(&config)
-        .await?;
-    let who = redis::cmd("CLIENT")
-        .arg("INFO")
-        .query_async::<String>(&mut conn)
-        .await
-        .ok()
-        .and_then(|info| Identity::parse(&info));
-    Ok(Conn { conn, who })
+/// Bounded by `within`: a failed open leaves the cell empty, and the next
+/// command opens anew.
+async fn open(
+    client: redis::Client,
+    config: AsyncConnectionConfig,
+    within: Duration,
+) -> redis::RedisResult<Conn> {
+    let open = async {
+        let mut conn = client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
+        let who = redis::cmd("CLIENT")
+            .arg("INFO")
+            .query_async::<String>(&mut conn)
+            .await
+            .ok()
+            .and_then(|info| Identity::parse(&info));
+        Ok(Conn { conn, who })
+    };
+    tokio::time::timeout(within, open).await.unwrap_or_else(|_| {
+        Err(redis::RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("opening a connection took longer than {within:?}"),
+        )))
+    })
 }
 
 impl Local {
