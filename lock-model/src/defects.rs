@@ -1,6 +1,8 @@
 //! Switches that each restore one known defect of the protocol (the four
-//! races of delayed and repeated replies, fixed since), so that a test can
-//! show the checker finds it with the switch on and nothing with it off.
+//! races of delayed and repeated replies, fixed since, and two races of
+//! issue 30: renewals the replicas never confirmed, and a watchdog blinded
+//! by a renewal round in flight), so that a test can show the checker
+//! finds it with the switch on and nothing with it off.
 //!
 //! Client-side defects switch what the runtime's decisions are fed, or the
 //! world's plumbing (which connection a command takes, which script a
@@ -32,6 +34,22 @@ pub struct Defects {
     /// expire, as `guard.rs::keep` did before `keep.lua`): a renewal re-sent
     /// after it restores the full lease.
     pub keep_by_renewal: bool,
+    /// Sentinel with `replica_acks`: a renewal books the holder's new
+    /// deadline from the primary's answer alone, with no `WAIT` (as
+    /// `sentinel.rs::renew` did): a replica that missed the renewals is
+    /// promoted with the lock ending before the holder believes. Off: a
+    /// renewal moves the deadline only once the replicas acknowledged it
+    /// (a `WAIT` behind it on its connection; no acknowledgement is no
+    /// answer).
+    pub renewal_unacked: bool,
+    /// The watchdog runs one round at a time (`watchdog.rs` awaited `tick()`
+    /// in its loop): while a round's renewals are out, no other hold of the
+    /// client is looked at, and the round waits until the earliest deadline
+    /// of its own batch; a hold taken meanwhile can lapse unnoticed. Off:
+    /// every hold's deadline is watched on its own (its renewal goes out
+    /// when due, whatever is in flight, and is declared lost at its
+    /// deadline).
+    pub watchdog_one_round: bool,
 }
 
 impl Defects {
@@ -41,6 +59,8 @@ impl Defects {
         undo_on_main: false,
         acquire_before_fixes: false,
         keep_by_renewal: false,
+        renewal_unacked: false,
+        watchdog_one_round: false,
     };
 
     /// The code before the fixes: every known defect present.
@@ -49,6 +69,8 @@ impl Defects {
         undo_on_main: true,
         acquire_before_fixes: true,
         keep_by_renewal: true,
+        renewal_unacked: true,
+        watchdog_one_round: true,
     };
 }
 

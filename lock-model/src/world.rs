@@ -14,8 +14,9 @@
 //! while its messages are in flight, so its replies come late against
 //! pub/sub and the other connections); a request is cancelled at any
 //! await; a client crashes; the primary fails over to a replica that lacks
-//! the last writes. The clock moves from one timer to the next, so leases,
-//! `min_hold` and `max_hold` pass.
+//! the last writes, or every write since its replication stalled. The
+//! clock moves from one timer to the next, so leases, `min_hold` and
+//! `max_hold` pass.
 //!
 //! The clients decide as the runtime does: every decision is a call into
 //! the runtime's protocol core through [`crate::decide`]. What this file
@@ -29,7 +30,12 @@
 //!   the lock on the main connection and the request tries again
 //!   (`sentinel.rs::acquire`);
 //! - a request's claim (`claims.rs`) lives from its start to its end: its
-//!   mailbox is in [`Req`].
+//!   mailbox is in [`Req`];
+//! - a renewal is bounded by its round's limit (`watchdog.rs::tick`: the
+//!   earliest deadline of the batch, at least 5 ms, within `op_timeout`);
+//!   with [`World::io_conn`] it goes over the I/O thread's connection, not
+//!   the caller's; on Sentinel with `replica_acks` a `WAIT` follows it and
+//!   only an acknowledged renewal moves the deadline.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -57,6 +63,12 @@ pub const FAILOVER_MS: u64 = 1000;
 pub const MAIN: u8 = 0;
 /// Sentinel with `replica_acks`: the connection for acquires and `WAIT`.
 pub const ACKS: u8 = 1;
+/// One Redis with [`World::io_conn`]: the I/O thread's connection, which
+/// the watchdog's renewals take (requests take the caller's, [`MAIN`]).
+pub const IO: u8 = 1;
+
+/// The least a renewal round waits for its answers (`watchdog.rs::tick`).
+pub const ROUND_MIN: u64 = 5;
 
 /// One lock request a client makes.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -161,6 +173,12 @@ pub struct Faults {
     /// Sentinel: the primary dies and a replica that lacks the writes of
     /// the current instant is promoted ([`FAILOVER_MS`] later).
     pub failover: u8,
+    /// Sentinel: replication to the replica stalls (its link held, the
+    /// replica still answering the sentinels) until a failover promotes
+    /// it: it lacks every write from then on, renewals included, across
+    /// any number of clock steps; a `WAIT` gets no replica (`WAIT` answers
+    /// 0 once its timeout passes; here at once).
+    pub stall: u8,
 }
 
 /// A world to check.
@@ -177,6 +195,11 @@ pub struct World {
     /// limit: it lapses with its lease or its queue stay). Off: the checker
     /// reports it.
     pub excuse_late_copies: bool,
+    /// One Redis: the watchdog renews over the I/O thread's connection
+    /// ([`IO`]) while requests take the caller's ([`MAIN`]), as the
+    /// runtime does (`io.rs`); the two can stall apart. Off: one connection
+    /// for both.
+    pub io_conn: bool,
 }
 
 /// An owner id within its client: `<client>:<n>` or `<client>:r<n>`.
@@ -341,8 +364,10 @@ pub struct Renewal {
     pub key: u8,
     pub lease: u64,
     pub r: Renewing,
-    /// The renewal in flight: (op, sent at, lease sent).
-    pub sending: Option<(u8, u64, u64)>,
+    /// The renewal in flight: (op, sent at, lease sent, the round's
+    /// limit); the op is the renewal's `WAIT` once the primary renewed,
+    /// on Sentinel with `replica_acks`.
+    pub sending: Option<(u8, u64, u64, u64)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -406,6 +431,9 @@ pub struct State {
     pub replica: Option<Keyspace>,
     /// A failover is under way: no primary until then.
     pub down_until: Option<u64>,
+    /// Replication to the replica is stalled ([`Faults::stall`]) until the
+    /// failover.
+    pub stalled: bool,
     /// Grant channels subscribed on the server: (client, key).
     pub subs: BTreeSet<(u8, u8)>,
     pub clients: Vec<Client>,
@@ -467,6 +495,8 @@ pub enum Action {
     Replicate,
     /// The primary dies; the replica, as it is, takes over.
     Failover,
+    /// Replication to the replica stalls.
+    Stall,
 }
 
 pub fn owner_id(c: u8, o: Owner) -> String {
@@ -515,6 +545,20 @@ impl World {
         }
     }
 
+    /// The connection the watchdog's renewals take.
+    fn renew_conn(&self) -> u8 {
+        if self.io_conn {
+            IO
+        } else {
+            MAIN
+        }
+    }
+
+    /// Whether a renewal moves the deadline only once the replicas have it.
+    fn renewals_confirmed(&self) -> bool {
+        self.deployment == Deployment::SentinelAcks && !self.defects.renewal_unacked
+    }
+
     fn is_slow(&self, c: u8, conn: u8) -> bool {
         self.faults.slow == Some((c, conn))
     }
@@ -527,6 +571,21 @@ impl World {
         if let Some(by) = by {
             deadline = deadline.min(by.max(now + self.timing.min_send));
         }
+        self.send_until(s, c, conn, cmd, task, deadline)
+    }
+
+    /// Send `cmd` for `task` on `conn`, failing with no answer by
+    /// `deadline`.
+    fn send_until(
+        &self,
+        s: &mut State,
+        c: u8,
+        conn: u8,
+        cmd: Cmd,
+        task: Task,
+        deadline: u64,
+    ) -> u8 {
+        let now = s.now;
         let cl = &mut s.clients[c as usize];
         let op = cl.next_op;
         cl.next_op += 1;
@@ -693,7 +752,8 @@ impl World {
                 ReplyKey::Flag(yes)
             }
             // The replicas acknowledge: `WAIT` answers once they have every
-            // write so far.
+            // write so far; a stalled replica never does.
+            Cmd::Wait if s.stalled => ReplyKey::Int(0),
             Cmd::Wait => {
                 s.replica = None;
                 ReplyKey::Int(1)
@@ -1002,16 +1062,27 @@ impl World {
                 let Some(e) = s.clients[c as usize].watchdog.get_mut(&owner) else {
                     return;
                 };
-                let Some((sent_op, sent_at, sent)) = e.sending else {
+                let Some((sent_op, sent_at, sent, limit)) = e.sending else {
                     return;
                 };
                 if sent_op != op {
                     return;
                 }
+                if self.renewals_confirmed() && reply == Some(ReplyKey::Flag(true)) {
+                    // The primary renewed: the deadline moves once the
+                    // replicas have it too (a `WAIT` behind the renewal on
+                    // its connection, within the round's limit).
+                    let conn = self.renew_conn();
+                    let w = self.send_until(s, c, conn, Cmd::Wait, Task::Renewal(owner), limit);
+                    let e = s.clients[c as usize].watchdog.get_mut(&owner).unwrap();
+                    e.sending = Some((w, sent_at, sent, limit));
+                    return;
+                }
                 e.sending = None;
                 let verdict = match reply {
-                    Some(ReplyKey::Flag(true)) => Verdict::Renewed,
+                    Some(ReplyKey::Flag(true)) | Some(ReplyKey::Int(1)) => Verdict::Renewed,
                     Some(ReplyKey::Flag(false)) => Verdict::NotOwner,
+                    // No answer, or a `WAIT` the replicas did not meet.
                     _ => Verdict::NoAnswer,
                 };
                 let lease = e.lease;
@@ -1038,12 +1109,12 @@ impl World {
                         }
                     }
                     Phase::Acking(o, a) if o == op => {
-                        if reply.is_some() {
+                        if reply == Some(ReplyKey::Int(1)) {
                             self.answered(s, c, r, a);
                         } else {
-                            // No word from the replicas: the attempt
-                            // releases the lock on the main connection,
-                            // then fails.
+                            // No word from the replicas (or too few): the
+                            // attempt releases the lock on the main
+                            // connection, then fails.
                             let key = self.plan(c, r).key;
                             let owner = s.clients[c as usize].reqs[r as usize].owner;
                             let cmd = Cmd::Release { key, owner };
@@ -1201,8 +1272,12 @@ impl World {
             for (&op, o) in &cl.ops {
                 out.push((c, Timer::OpDeadline(op), o.deadline));
             }
+            // One round at a time (race switch): no hold is looked at while
+            // any renewal of the client is out, even one whose hold ended.
+            let round_out = self.defects.watchdog_one_round
+                && cl.ops.values().any(|o| matches!(o.task, Task::Renewal(_)));
             for (&owner, e) in &cl.watchdog {
-                if e.sending.is_none() {
+                if e.sending.is_none() && !round_out {
                     out.push((c, Timer::Renewal(owner), e.r.due().0));
                 }
             }
@@ -1233,21 +1308,47 @@ impl World {
                 self.to_task(s, c, op, o.task, None);
             }
             Timer::Renewal(owner) => {
-                let e = &s.clients[c as usize].watchdog[&owner];
-                match decide::tick(&e.r, now, e.lease) {
-                    Tick::MaxHold => self.lose(s, c, owner),
-                    Tick::Renew(lease) => {
-                        let lease = decide::ms(lease);
-                        let key = e.key;
-                        let cmd = Cmd::Renew { key, owner, lease };
-                        let op = self.send(s, c, MAIN, cmd, Task::Renewal(owner), None);
-                        s.clients[c as usize]
-                            .watchdog
-                            .get_mut(&owner)
-                            .unwrap()
-                            .sending = Some((op, now, lease));
+                // The hold that fell due; in one round at a time (race
+                // switch), with every hold that would fall due before its
+                // next tick, as `watchdog.rs::tick` batches them.
+                let cl = &s.clients[c as usize];
+                let mut batch = vec![owner];
+                if self.defects.watchdog_one_round {
+                    batch.extend(cl.watchdog.iter().filter_map(|(&o, e)| {
+                        let due = decide::tick(&e.r, now, e.lease) != Tick::NotYet;
+                        (o != owner && e.sending.is_none() && due).then_some(o)
+                    }));
+                }
+                let mut sends = Vec::new();
+                for o in batch {
+                    let e = &s.clients[c as usize].watchdog[&o];
+                    match decide::tick(&e.r, now, e.lease) {
+                        Tick::MaxHold => self.lose(s, c, o),
+                        Tick::Renew(lease) => {
+                            sends.push((o, e.key, decide::ms(lease), e.r.deadline.0))
+                        }
+                        Tick::NotYet => unreachable!("a renewal due but not sent"),
                     }
-                    Tick::NotYet => unreachable!("a renewal due but not sent"),
+                }
+                // The round waits for its answers until the earliest
+                // deadline of its batch (at least `ROUND_MIN`), within
+                // `op_timeout`.
+                let Some(earliest) = sends.iter().map(|x| x.3).min() else {
+                    return;
+                };
+                let limit = earliest
+                    .max(now + ROUND_MIN)
+                    .min(now + self.timing.op_timeout);
+                for (o, key, lease, _) in sends {
+                    let cmd = Cmd::Renew {
+                        key,
+                        owner: o,
+                        lease,
+                    };
+                    let conn = self.renew_conn();
+                    let op = self.send_until(s, c, conn, cmd, Task::Renewal(o), limit);
+                    let e = s.clients[c as usize].watchdog.get_mut(&o).unwrap();
+                    e.sending = Some((op, now, lease, limit));
                 }
             }
             Timer::Orphan(owner) => {
@@ -1320,6 +1421,7 @@ impl World {
         let mut ks = s.replica.take().expect("a failover loses writes");
         ks.expire(EPOCH_MS + s.now);
         s.ks = ks;
+        s.stalled = false;
         s.down_until = Some(s.now + FAILOVER_MS);
         s.subs.clear();
         properties::on_failover(self, s, &before);
@@ -1444,6 +1546,7 @@ impl World {
             ks: Keyspace::default(),
             replica: None,
             down_until: None,
+            stalled: false,
             subs,
             clients,
             budget: self.faults,
@@ -1560,10 +1663,16 @@ impl Model for World {
             }
         }
         if s.replica.is_some() {
-            actions.push(Action::Replicate);
+            if !s.stalled {
+                actions.push(Action::Replicate);
+            }
             if b.failover > 0 {
                 actions.push(Action::Failover);
             }
+        }
+        if b.stall > 0 && b.failover > 0 && !s.stalled && up && self.deployment != Deployment::Redis
+        {
+            actions.push(Action::Stall);
         }
         let timers = self.timers(s);
         let mut due = false;
@@ -1645,8 +1754,11 @@ impl Model for World {
             Action::Tick(t) => {
                 s.now = t;
                 s.ks.expire(EPOCH_MS + t);
-                // Replication lags less than a step of the clock.
-                s.replica = None;
+                // Replication lags less than a step of the clock, unless
+                // it stalled.
+                if !s.stalled {
+                    s.replica = None;
+                }
                 if s.down_until.is_some_and(|d| d <= t) {
                     s.down_until = None;
                 }
@@ -1663,6 +1775,15 @@ impl Model for World {
             Action::Failover => {
                 s.budget.failover -= 1;
                 self.failover(&mut s);
+            }
+            Action::Stall => {
+                s.budget.stall -= 1;
+                s.stalled = true;
+                // The replica has what it had: the primary's writes so far,
+                // or fewer if it lags already.
+                if s.replica.is_none() {
+                    s.replica = Some(s.ks.clone());
+                }
             }
         }
         Some(s)

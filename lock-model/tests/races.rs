@@ -1,7 +1,9 @@
-//! The four races of delayed and repeated replies, fixed in the code. Each
-//! has a switch in `Defects` that restores the old behaviour: with the
-//! switch on, the checker finds a counterexample (printed here as the
-//! proof); with it off (the code as it is), none in the same world.
+//! The four races of delayed and repeated replies, fixed in the code, and
+//! a watchdog blinded by a renewal round in flight (issue 30, item 2; the
+//! other race of issue 30 is in `failover.rs`). Each has a switch in
+//! `Defects` that restores the old behaviour: with the switch on, the
+//! checker finds a counterexample (printed here as the proof); with it off
+//! (the code as it is), none in the same world.
 //! And the limit that stays: a copy of an acquire delivered after its
 //! request ended.
 
@@ -101,6 +103,30 @@ fn race_4_a_renewal_resent_after_a_min_hold_release_restores_the_full_lease() {
     clean(
         "race 4, switch off",
         scenarios::renewal_after_keep(Defects::TODAY),
+    );
+}
+
+/// Issue 30, item 2: renewals go over the I/O thread's connection, which
+/// stalls with a round out; a hold with a short lease taken meanwhile over
+/// the caller's connection is not looked at until that round returns
+/// (switch on): it lapses in Redis, another client takes the key, and the
+/// holder still runs. Watched on its own (off), it is declared lost at its
+/// deadline.
+#[test]
+fn issue_30_2_a_renewal_round_in_flight_does_not_blind_the_watchdog() {
+    let on = Defects {
+        watchdog_one_round: true,
+        ..Defects::TODAY
+    };
+    let t = found(
+        "a round in flight, one round at a time",
+        scenarios::renewal_round_blinds(on),
+        MUTUAL_EXCLUSION,
+    );
+    assert!(t.contains("timer Renewal"), "{t}");
+    clean(
+        "a round in flight, every hold watched on its own",
+        scenarios::renewal_round_blinds(Defects::TODAY),
     );
 }
 
