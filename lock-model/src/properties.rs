@@ -18,11 +18,11 @@ use std::collections::BTreeSet;
 
 use stateright::Property;
 
+use crate::calls::names;
 use crate::decide::Verdict;
 use crate::keyspace::{Data, Keyspace};
-use crate::world::{
-    acquiring, names, owner_id, parse_owner, Cmd, Deployment, Owner, Phase, State, World, EPOCH_MS,
-};
+use crate::plan::{Deployment, World};
+use crate::state::{acquiring, owner_id, parse_owner, Cmd, Owner, Phase, State, EPOCH_MS};
 
 pub const MUTUAL_EXCLUSION: &str = "never two write holders, nor a reader beside a writer";
 pub const FENCES_RISE: &str = "a holder's token is above every earlier writer's";

@@ -4,7 +4,7 @@
 
 use crate::decide::Timing;
 use crate::defects::Defects;
-use crate::world::{ClientPlan, Deployment, Faults, Plan, World, IO, MAIN};
+use crate::plan::{ClientPlan, Deployment, Faults, Plan, World, IO, MAIN};
 
 fn client(requests: Vec<Plan>) -> ClientPlan {
     ClientPlan {

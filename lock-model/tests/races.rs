@@ -9,9 +9,9 @@
 
 use lock_model::check::{self, Report};
 use lock_model::defects::Defects;
+use lock_model::plan::World;
 use lock_model::properties::*;
 use lock_model::scenarios;
-use lock_model::world::World;
 
 /// With the switch on: a counterexample of `property`, returned.
 fn found(name: &str, world: World, property: &'static str) -> String {
