@@ -553,6 +553,42 @@ async fn a_release_sent_again_after_handing_over_says_released() {
     );
 }
 
+/// The release that passed a dead reader over and handed the lock to the
+/// writer behind it is sent again (its reply was lost): the repeat says
+/// released and leaves the writer's hold as it is.
+#[tokio::test]
+async fn a_release_that_passed_a_dead_reader_over_is_safe_to_send_again() {
+    let server = RedisServer::start();
+    let key = unique("resent-past-dead-reader");
+    let lock = format!("lock:{{{key}}}");
+    let mut s = Scripts::new(&server, &key);
+    assert_eq!(s.acquire("a:1"), 1);
+    assert_eq!(s.acquire("dead:r1"), 0, "the dead reader queues");
+    assert_eq!(s.acquire("b:1"), 0, "b queues behind it");
+    let mut sub = server.conn();
+    let _: () = redis::cmd("SUBSCRIBE")
+        .arg(format!("{lock}:granted:b"))
+        .query(&mut sub)
+        .unwrap();
+    assert_eq!(s.release("a:1"), 1, "a releases, handing over to b");
+    assert_eq!(
+        server.owner_of(&lock).as_deref(),
+        Some("b:1"),
+        "after the release: {:?}",
+        server.keys(&format!("{lock}*"))
+    );
+    let held: String = server.cmd(&["GET", &lock]);
+    assert_eq!(s.release("a:1"), 1, "the same release, sent again");
+    let again: String = server.cmd(&["GET", &lock]);
+    assert_eq!(again, held, "the repeat touched b's lock");
+    assert_eq!(s.release("b:1"), 1);
+    assert_eq!(
+        server.keys(&format!("{lock}*")),
+        Vec::<String>::new(),
+        "something of the lock is left"
+    );
+}
+
 /// A waiter that gives up leaves the queue whatever the lock looks like:
 /// here the lock expired while it waited, and a newcomer took it without
 /// anyone queued behind (an unmarked lock). Left in the queue, the next
