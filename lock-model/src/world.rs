@@ -4,19 +4,20 @@
 //!
 //! Each client has a command connection (ordered), a pub/sub connection,
 //! and on Sentinel with `replica_acks` a second command connection for
-//! acquires (followed by `WAIT`). The server runs the head of any
+//! acquires (followed by `WAIT`; on one Redis, the I/O thread's connection
+//! for renewals where the world says so). The server runs the head of any
 //! connection's queue: the real scripts through [`crate::host`], called as
-//! [`crate::calls`] says. Faults, each behind a budget in [`crate::plan::Faults`]: a
-//! command runs but its reply is lost (the runtime's transport sends it
-//! again, a queuing attempt with the rejoin flag, as `node.rs` does); a
-//! command is repeated verbatim by a lower transport (Cluster's own
-//! retries, Sentinel's `on_primary`); one connection is slow (time passes
-//! while its messages are in flight, so its replies come late against
-//! pub/sub and the other connections); a request is cancelled at any
-//! await; a client crashes; the primary fails over to a replica that lacks
-//! the last writes, or every write since its replication stalled. The
-//! clock moves from one timer to the next, so leases, `min_hold` and
-//! `max_hold` pass.
+//! [`crate::calls`] says. Faults, each behind a budget in
+//! [`crate::plan::Faults`]: a command runs but its reply is lost (the
+//! runtime's transport sends it again, a queuing attempt with the rejoin
+//! flag, as `node.rs` does); a command is repeated verbatim by a lower
+//! transport (Cluster's own retries, Sentinel's `on_primary`); one
+//! connection is slow (time passes while its messages are in flight, so its
+//! replies come late against pub/sub and the other connections); a request
+//! is cancelled at any await; a client crashes; the primary fails over to a
+//! replica that lacks the last writes, or every write since its replication
+//! stalled. The clock moves from one timer to the next, so leases,
+//! `min_hold` and `max_hold` pass.
 //!
 //! The clients decide as the runtime does: every decision is a call into
 //! the runtime's protocol core through [`crate::decide`]. What this file
