@@ -324,3 +324,22 @@ pub fn renewal_round_blinds(defects: Defects) -> World {
         )
     }
 }
+
+/// Issue 30, item 5: a reader queued for a held lock, then a writer behind
+/// it; the reader's client may crash (nobody hears its grant then).
+pub fn dead_reader_ahead(defects: Defects) -> World {
+    world(
+        vec![
+            client(vec![Plan::write(0)]),
+            client(vec![Plan::read(0).wait(4000)]),
+            client(vec![Plan::write(0).wait(4000)]),
+        ],
+        1,
+        Deployment::Redis,
+        Faults {
+            crash: 1,
+            ..Faults::default()
+        },
+        defects,
+    )
+}

@@ -253,11 +253,17 @@ impl World {
                 ReplyKey::Acquire(read_acquire(&self.run(s, call)))
             }
             Cmd::Release { key, owner } => {
-                let call = calls::release(key, &owner_id(c, owner), self.timing.fence_ttl);
-                match self.run(s, call) {
+                let id = owner_id(c, owner);
+                let call = calls::release(key, &id, self.timing.fence_ttl, d.release_before_fixes);
+                let queued = properties::queued_behind(s, key);
+                let reply = match self.run(s, call) {
                     Reply::Int(i) => ReplyKey::Int(i),
                     other => panic!("release.lua answered {other:?}"),
+                };
+                if queued {
+                    properties::on_release(s, key);
                 }
+                reply
             }
             Cmd::Renew { key, owner, lease } => {
                 let call = calls::renew(key, &owner_id(c, owner), owner.read, lease);

@@ -130,6 +130,29 @@ fn issue_30_2_a_renewal_round_in_flight_does_not_blind_the_watchdog() {
     );
 }
 
+/// Issue 30, item 5: a reader at the head of the queue whose client died
+/// (nobody hears its grant), a writer queued behind it. `release.lua`
+/// without its fix (switch on) passes the reader over, stops at the writer
+/// and frees the lock: the writer, listening, stays queued until its next
+/// attempt. With the fix (off), the same release serves the writer.
+#[test]
+fn issue_30_5_a_writer_behind_a_reader_nobody_hears_is_served_by_the_release() {
+    let on = Defects {
+        release_before_fixes: true,
+        ..Defects::TODAY
+    };
+    let t = found(
+        "a dead reader ahead of a writer, release.lua before the fix",
+        scenarios::dead_reader_ahead(on),
+        QUEUE_SERVED,
+    );
+    assert!(t.contains("Crash") && t.contains("stalled"), "{t}");
+    clean(
+        "a dead reader ahead of a writer",
+        scenarios::dead_reader_ahead(Defects::TODAY),
+    );
+}
+
 /// A limit, not a race (docs/RELIABILITY.md, "Limits"): a copy of an
 /// acquire that a lower transport delivers after its request ended takes a
 /// free lock for an owner nobody renews, and it lapses with its lease. The
