@@ -111,9 +111,13 @@ impl LockClientBuilder {
     /// Sentinel only: after taking a lock, wait (Redis `WAIT`) until
     /// `replicas` replicas have it, at most `timeout`; if fewer confirm, the
     /// lock is released and the acquire fails with [`LockError::Backend`].
-    /// A failover then cannot promote a replica that never saw the lock, at
-    /// the price of one more round trip per acquire and failed acquires
-    /// while replicas lag. Default: off.
+    /// Renewals count the same way: each renewal tick ends with one `WAIT`
+    /// in its pipeline, and a renewal the replicas did not acknowledge does
+    /// not extend the hold. A failover then cannot promote a replica that
+    /// never saw the lock, or that lets it go before its holder is told, at
+    /// the price of one more round trip per acquire, failed acquires while
+    /// replicas lag, and holds lost when replicas lag for a whole lease.
+    /// Default: off.
     pub fn replica_acks(mut self, replicas: usize, timeout: Duration) -> Self {
         self.config.replica_acks = Some((replicas, timeout));
         self

@@ -194,7 +194,7 @@ impl LockClient {
             tokio::time::sleep(ORPHAN_AFTER).await;
             if protocol::orphan_released(client.inner.watchdog.holds(&name.hash, &owner)) {
                 tracing::debug!(key = %name.key, "a lock handed to a waiter that is gone; passing it on");
-                client.release_in_background(name, owner);
+                client.release_in_background(name, owner, None);
             }
         });
     }
@@ -202,10 +202,15 @@ impl LockClient {
     /// Release `owner`'s lock on the I/O thread. The task keeps the client
     /// (and so its I/O thread) alive until the release is through, also
     /// when the last handle to the client is dropped meanwhile.
-    pub(crate) fn release_in_background(&self, name: LockName, owner: Arc<str>) {
+    pub(crate) fn release_in_background(
+        &self,
+        name: LockName,
+        owner: Arc<str>,
+        deadline: Option<tokio::time::Instant>,
+    ) {
         let client = self.clone();
         self.inner.io.spawn(async move {
-            match client.inner.backend.release(&name, &owner).await {
+            match client.inner.backend.release(&name, &owner, deadline).await {
                 Ok(Released::NotOwner) => {
                     tracing::debug!(key = %name.key, "background release: the lock was no longer ours")
                 }
@@ -254,18 +259,21 @@ impl LockClient {
     /// The background release of a hold with `min_hold` time left: the
     /// lock is left to expire at `until` instead of deleted (if it is still
     /// `owner`'s; a release is what it becomes once that time has passed).
+    /// `deadline`: when the lock expires by itself (see
+    /// [`Backend::release`](crate::backend::Backend::release)).
     pub(crate) fn keep_in_background(
         &self,
         name: LockName,
         owner: Arc<str>,
         until: Option<tokio::time::Instant>,
+        deadline: Option<tokio::time::Instant>,
     ) {
         let client = self.clone();
         self.inner.io.spawn(async move {
             let backend = &client.inner.backend;
             let out = match protocol::keep_for(until, tokio::time::Instant::now()) {
-                Some(left) => backend.keep(&name, &owner, left).await,
-                None => backend.release(&name, &owner).await,
+                Some(left) => backend.keep(&name, &owner, left, deadline).await,
+                None => backend.release(&name, &owner, deadline).await,
             };
             if let Err(e) = out {
                 tracing::warn!(key = %name.key, error = %e, "background release failed; the lock expires with its lease");

@@ -3,10 +3,13 @@
 
 use std::sync::Arc;
 
+use tokio::time::Instant;
+
 use crate::backend::Released;
 use crate::hold::Hold;
 use crate::metrics;
 use crate::scope::Scope;
+use crate::watchdog::Left;
 use crate::LockError;
 
 /// A held lock. The watchdog keeps it alive until it is released.
@@ -188,7 +191,7 @@ impl LockGuard {
 
     async fn release_one(mut self) -> Result<(), LockError> {
         self.done = true;
-        let Some(was_lost) = self.leave() else {
+        let Some(Left { was_lost, deadline }) = self.leave() else {
             return if self.hold.is_lost() {
                 Err(self.lost_error())
             } else {
@@ -199,13 +202,18 @@ impl LockGuard {
         let inner = &hold.client.inner;
         // Sent from the caller's task; if the caller drops this future
         // before the answer, the release is finished in the background.
-        let unfinished = Unfinished(Some(hold));
+        let unfinished = Unfinished(Some((hold, deadline)));
         let out = match hold.keep_for() {
             // `min_hold`: left to expire then, if still ours.
             Some(left) => {
                 inner
                     .io
-                    .here(Box::pin(inner.backend.keep(&hold.name, &hold.owner, left)))
+                    .here(Box::pin(inner.backend.keep(
+                        &hold.name,
+                        &hold.owner,
+                        left,
+                        deadline,
+                    )))
                     .await
             }
             // Both boxed: a release is a deep state machine (retries, a
@@ -219,6 +227,7 @@ impl LockGuard {
                         &hold.owner,
                         hold.fence,
                         hold.contended,
+                        deadline,
                     )))
                     .await
             }
@@ -247,32 +256,32 @@ impl LockGuard {
 
     /// End this guard. If it was the last of its acquisition, renewals stop
     /// (before the caller sends the release, so none is issued after it)
-    /// and this says whether the watchdog had found the lock lost; `None`
-    /// while other guards still hold it.
-    fn leave(&mut self) -> Option<bool> {
+    /// and this says whether the watchdog had found the lock lost, and
+    /// when the lock expires by itself; `None` while other guards still
+    /// hold it.
+    fn leave(&mut self) -> Option<Left> {
         let hold = &self.hold;
         if let Some(scope) = &self.scope {
             if !scope.leave(&hold.client.inner.id, hold) {
                 return None;
             }
         }
-        let was_lost = hold
+        let left = hold
             .client
             .inner
             .watchdog
-            .leave(&hold.held, (&hold.name.hash, &hold.owner))
-            .was_lost;
-        if was_lost {
+            .leave(&hold.held, (&hold.name.hash, &hold.owner));
+        if left.was_lost {
             metrics::lost(hold.label);
         }
         metrics::held(hold.label, hold.acquired_at.elapsed());
-        Some(was_lost)
+        Some(left)
     }
 }
 
 /// A release in flight: dropped unfinished, it is sent again in the
 /// background (a release is idempotent).
-struct Unfinished<'a>(Option<&'a Hold>);
+struct Unfinished<'a>(Option<(&'a Hold, Option<Instant>)>);
 
 impl Unfinished<'_> {
     fn done(mut self) {
@@ -282,8 +291,8 @@ impl Unfinished<'_> {
 
 impl Drop for Unfinished<'_> {
     fn drop(&mut self) {
-        if let Some(hold) = self.0 {
-            hold.end_in_background();
+        if let Some((hold, deadline)) = self.0 {
+            hold.end_in_background(deadline);
         }
     }
 }
@@ -293,8 +302,8 @@ impl Drop for LockGuard {
         if self.done {
             return;
         }
-        if self.leave().is_some() {
-            self.hold.end_in_background();
+        if let Some(left) = self.leave() {
+            self.hold.end_in_background(left.deadline);
         }
     }
 }

@@ -62,14 +62,15 @@ impl Hold {
     }
 
     /// End the hold from the background: release it, or leave it to
-    /// expire at its `min_hold`.
-    pub(crate) fn end_in_background(&self) {
+    /// expire at its `min_hold`. `deadline`: when the lock expires by
+    /// itself (see [`Backend::release`](crate::backend::Backend::release)).
+    pub(crate) fn end_in_background(&self, deadline: Option<Instant>) {
         let (name, owner) = (self.name.clone(), self.owner.clone());
         match self.keep_for() {
             Some(_) => self
                 .client
-                .keep_in_background(name, owner, self.keep_until()),
-            None => self.client.release_in_background(name, owner),
+                .keep_in_background(name, owner, self.keep_until(), deadline),
+            None => self.client.release_in_background(name, owner, deadline),
         }
     }
 }

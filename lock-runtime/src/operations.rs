@@ -44,8 +44,9 @@ impl LockClient {
     /// waiting out the lease. `true` if a hold was removed. Logged at WARN
     /// with each holder id removed. A read-held key loses all its readers.
     ///
-    /// The old holder learns at its next renewal (at most a third of its
-    /// lease later): its body is stopped or warned as its `on_lost` says,
+    /// The old holder learns at its next renewal that Redis answers (at
+    /// most a third of its lease later; if its renewals go unanswered, at
+    /// its deadline): its body is stopped or warned as its `on_lost` says,
     /// and its own release answers [`LockError::Lost`] without touching the
     /// new holder. Until then it may still be running: fencing tokens are
     /// what keep its late writes out of the store.
@@ -81,6 +82,52 @@ impl LockClient {
             );
         }
         Ok(!removed.is_empty())
+    }
+
+    /// Clear `holder`'s hold of `key`, and only if it still holds it: the
+    /// compare-and-clear an operator wants after looking with
+    /// [`inspect`](Self::inspect) (`holder` is one of its `holders`). A
+    /// healthy holder that took the lock over in between is left alone,
+    /// where [`force_release`](Self::force_release) would clear it too.
+    /// `true` if the hold was removed; otherwise as `force_release` does
+    /// it: the next waiter is served at once, and a read-held key keeps its
+    /// other readers.
+    ///
+    /// The old holder learns at its next renewal that is answered (a third
+    /// of its lease later at most); if Redis does not answer its renewals,
+    /// at its deadline, as for any hold it cannot renew.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), lock_runtime::LockError> {
+    /// let client = lock_runtime::LockClient::memory();
+    /// let first = client.lock("order:42").await?;
+    /// let seen = client.inspect("order:42").await?.expect("held").holders[0].clone();
+    /// first.release().await?;
+    /// let next = client.lock("order:42").await?; // took over meanwhile
+    /// assert!(!client.force_release_if("order:42", &seen).await?);
+    /// assert!(client.force_release_if("order:42", next.holder()).await?);
+    /// # Ok(()) }
+    /// ```
+    pub async fn force_release_if(
+        &self,
+        key: impl Into<String>,
+        holder: &str,
+    ) -> Result<bool, LockError> {
+        let name = LockName::new(&self.inner.config.prefix, &key.into())?;
+        let removed = self
+            .inner
+            .io
+            .here(self.inner.backend.force_release_if(&name, holder))
+            .await?;
+        if removed {
+            tracing::warn!(
+                key = %name.key,
+                holder = %holder,
+                "lock force-released: the next waiter is served; the holder finds out at its next renewal"
+            );
+        }
+        Ok(removed)
     }
 
     /// Every lock held or awaited whose key matches `pattern`, a Redis glob

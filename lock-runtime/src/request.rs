@@ -496,7 +496,9 @@ impl LockRequest {
                     continue;
                 }
                 Err(e) if e.is_transient() => {
-                    unsure.acq.failed(e.may_have_run());
+                    // A slot on the move is a cluster that answers: the
+                    // call waits it out until its deadline.
+                    unsure.acq.failed(e.may_have_run() || e.is_slot_moving());
                     tracing::debug!(key = %key, error = %e, "lock attempt failed; trying again");
                     pause_or_give_up(&client, &unsure.acq, &timing, e)
                         .await

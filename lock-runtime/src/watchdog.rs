@@ -169,6 +169,9 @@ impl Held {
 pub(crate) struct Left {
     /// The watchdog had already declared the lock lost.
     pub(crate) was_lost: bool,
+    /// When the lock expires by itself now that renewals stopped (`None`:
+    /// the watchdog no longer had it).
+    pub(crate) deadline: Option<Instant>,
 }
 
 impl Entry {
@@ -274,10 +277,11 @@ impl Watchdog {
         let mut entries = self.shared.entries.lock().unwrap();
         let was_lost = held.is_lost();
         let key = entry_key(key);
+        let mut deadline = None;
         if entries.get(&key).is_some_and(|e| e.id == held.id) {
-            entries.remove(&key);
+            deadline = entries.remove(&key).map(|e| e.timing.deadline);
         }
-        Left { was_lost }
+        Left { was_lost, deadline }
     }
 
     /// Whether `owner`'s lock under `hash` is being renewed.

@@ -4,6 +4,7 @@
 //! lockctl --url redis://127.0.0.1:6379 list 'order:*'
 //! lockctl show order:42
 //! lockctl release order:42 --force
+//! lockctl release order:42 --force --holder 3f2a…:7   # only if it still holds
 //! ```
 //!
 //! Exit status: 0 found (a lock listed, shown or released), 1 not found,
@@ -90,6 +91,10 @@ enum Command {
         /// exclusion it gives.
         #[arg(long)]
         force: bool,
+        /// Clear only this holder's hold (an id `show` prints), and only if
+        /// it still holds: a holder that took over since is left alone.
+        #[arg(long, value_name = "ID")]
+        holder: Option<String>,
     },
 }
 
@@ -130,7 +135,10 @@ fn error(message: &str) -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<Found, String> {
-    if let Command::Release { key, force: false } = &cli.command {
+    if let Command::Release {
+        key, force: false, ..
+    } = &cli.command
+    {
         return Err(format!(
             "refusing to release `{key}` without --force: its holder may still be running \
              (it learns at its next renewal), and the next waiter would run beside it"
@@ -159,11 +167,21 @@ async fn run(cli: Cli) -> Result<Found, String> {
                 Ok(Found::No)
             }
         },
-        Command::Release { key, .. } => {
+        Command::Release { key, holder, .. } => {
             let before = client.inspect(key).await.map_err(|e| e.to_string())?;
-            let released = client.force_release(key).await.map_err(|e| e.to_string())?;
+            let released = match holder {
+                Some(h) => client.force_release_if(key, h).await,
+                None => client.force_release(key).await,
+            }
+            .map_err(|e| e.to_string())?;
             let after = client.inspect(key).await.map_err(|e| e.to_string())?;
-            out.released(key, released, before.as_ref(), after.as_ref());
+            out.released(
+                key,
+                holder.as_deref(),
+                released,
+                before.as_ref(),
+                after.as_ref(),
+            );
             Ok(if released { Found::Yes } else { Found::No })
         }
     }

@@ -118,10 +118,12 @@ impl Output {
         }
     }
 
-    /// The outcome of `release --force`, with the lock before and after.
+    /// The outcome of `release --force` (of `holder`'s hold only, with
+    /// `--holder`), with the lock before and after.
     pub(crate) fn released(
         &self,
         key: &str,
+        holder: Option<&str>,
         released: bool,
         before: Option<&LockInfo>,
         after: Option<&LockInfo>,
@@ -129,6 +131,7 @@ impl Output {
         if self.json {
             print([json!({
                 "key": key,
+                "holder": holder,
                 "released": released,
                 "before": before.map(object),
                 "after": after.map(object),
@@ -148,10 +151,14 @@ impl Output {
             Some(a) => format!("now free, {} waiting", a.waiters),
             None => "now free".to_owned(),
         };
-        let line = match (released, before) {
-            (true, Some(b)) => format!("{key}: released the hold of {}; {now}", holders(b)),
-            (true, None) => format!("{key}: released; {now}"),
-            (false, _) => format!("{key}: not held, nothing released"),
+        let line = match (released, holder, before) {
+            (true, Some(h), _) => format!("{key}: released the hold of {h}; {now}"),
+            (true, None, Some(b)) => {
+                format!("{key}: released the hold of {}; {now}", holders(b))
+            }
+            (true, None, None) => format!("{key}: released; {now}"),
+            (false, Some(h), _) => format!("{key}: {h} does not hold it, nothing released; {now}"),
+            (false, None, _) => format!("{key}: not held, nothing released"),
         };
         print([line]);
     }

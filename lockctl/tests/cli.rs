@@ -373,3 +373,51 @@ async fn tls_and_an_acl_user() {
     assert!(!run.stderr.contains("not-the-pw"), "{run:?}");
     g.release().await.unwrap();
 }
+
+/// `release --force --holder ID` clears only that holder: after the holder
+/// `show` printed gave the lock up and another took it, the call leaves the
+/// new holder alone (status 1); with the new holder's id it clears it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_of_one_holder_leaves_a_holder_that_took_over() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let a = LockClient::connect(&url).await.unwrap();
+    let b = LockClient::connect(&url).await.unwrap();
+    let key = unique("ctl-holder");
+
+    let first = a.lock(&key).await.unwrap();
+    let run = lockctl(Some(&url), &["--json", "show", &key]).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    let seen = strings(&run.one()["holders"])[0].to_owned();
+    assert_eq!(seen, first.holder());
+    first.release().await.unwrap();
+    let next = b.lock(&key).await.unwrap();
+
+    let run = lockctl(Some(&url), &["release", &key, "--force", "--holder", &seen]).await;
+    assert_eq!(run.code, 1, "{run:?}");
+    assert!(run.stdout.contains("does not hold it"), "{run:?}");
+    assert_eq!(
+        a.inspect(&key).await.unwrap().expect("still held").holders,
+        [next.holder()],
+        "the holder that took over was cleared"
+    );
+
+    let run = lockctl(
+        Some(&url),
+        &[
+            "--json",
+            "release",
+            &key,
+            "--force",
+            "--holder",
+            next.holder(),
+        ],
+    )
+    .await;
+    assert_eq!(run.code, 0, "{run:?}");
+    let v = run.one();
+    assert_eq!(v["released"], true);
+    assert_eq!(v["holder"], next.holder());
+    assert!(v["after"].is_null(), "{v}");
+    assert!(matches!(next.release().await, Err(LockError::Lost { .. })));
+}

@@ -300,15 +300,59 @@ impl Cluster {
     /// Second half: move the slot's keys and hand the slot to `to`
     /// everywhere; clients that still go to `from` get `MOVED`.
     pub fn finish_migration(&self, slot: u16, from: usize, to: usize) {
+        self.try_finish_migration(slot, from, to)
+            .unwrap_or_else(|e| panic!("finishing the migration of slot {slot}: {e}"));
+    }
+
+    /// [`finish_migration`](Self::finish_migration), saying what failed:
+    /// keys are moved until the source has none left (a busy source may
+    /// list a key that expires before it moves), then the slot is handed
+    /// to `to` on the two nodes and told to every other node.
+    pub fn try_finish_migration(&self, slot: u16, from: usize, to: usize) -> Result<(), String> {
         let s = slot.to_string();
-        let keys: Vec<String> = self.nodes[from].cmd(&["CLUSTER", "GETKEYSINSLOT", &s, "1000"]);
-        if !keys.is_empty() {
+        for _ in 0..20 {
+            let keys: Vec<String> =
+                self.try_cmd(from, &["CLUSTER", "GETKEYSINSLOT", &s, "1000"])?;
+            if keys.is_empty() {
+                break;
+            }
             let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-            self.migrate_keys(from, to, &keys);
+            self.try_migrate_keys(from, to, &keys)?;
         }
         let to_id = self.id(to);
         for i in [to, from] {
-            let _: () = self.nodes[i].cmd(&["CLUSTER", "SETSLOT", &s, "NODE", &to_id]);
+            let _: () = self.try_cmd(i, &["CLUSTER", "SETSLOT", &s, "NODE", &to_id])?;
         }
+        for i in (0..self.nodes.len()).filter(|&i| i != to && i != from) {
+            // Replicas refuse; they follow their primary.
+            let _ = self.try_cmd::<()>(i, &["CLUSTER", "SETSLOT", &s, "NODE", &to_id]);
+        }
+        Ok(())
+    }
+
+    /// [`migrate_keys`](Self::migrate_keys), saying what failed; keys
+    /// gone meanwhile are skipped.
+    pub fn try_migrate_keys(&self, from: usize, to: usize, keys: &[&str]) -> Result<(), String> {
+        let port = self.nodes[to].port().to_string();
+        let mut args = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
+        args.extend(keys);
+        match self.try_cmd::<String>(from, &args) {
+            Ok(_) => Ok(()),
+            Err(e) if e.contains("NOKEY") => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// One command to node `i`, its error as text.
+    pub fn try_cmd<T: redis::FromRedisValue>(&self, i: usize, args: &[&str]) -> Result<T, String> {
+        let mut c = redis::cmd(args[0]);
+        for a in &args[1..] {
+            c.arg(*a);
+        }
+        let mut conn = redis::Client::open(self.nodes[i].url())
+            .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(5)))
+            .map_err(|e| format!("connecting to node {i}: {e}"))?;
+        c.query(&mut conn)
+            .map_err(|e| format!("{args:?} on node {i}: {e}"))
     }
 }

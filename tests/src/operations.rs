@@ -186,6 +186,81 @@ pub async fn a_forced_release_hands_over(clients: &[LockClient]) -> Duration {
     took
 }
 
+/// What an operator's compare-and-clear does: it ends the hold of the
+/// holder it names, and only while that holder holds. The interleaving it
+/// exists for: the operator looks, the holder it saw releases, another
+/// takes the key, the operator clears by the id it saw. `force_release`
+/// there evicts the healthy new holder (asserted below, as the contrast);
+/// `force_release_if` leaves it. A reader named among several readers is
+/// the only one cleared.
+///
+/// `release_tells`: whether a cleared holder's own release says `Lost`
+/// (not on a Cluster, see
+/// [`a_forced_read_release_hands_to_the_writer`]).
+pub async fn a_conditional_release_leaves_a_holder_that_took_over(
+    clients: &[LockClient],
+    with_readers: bool,
+    release_tells: bool,
+) {
+    let cleared = |r: Result<(), LockError>| !release_tells || lost(r);
+    let key = crate::unique("ops-force-if");
+    let (a, b, operator) = (&clients[0], &clients[1], &clients[2]);
+    let first = a.lock(&key).lease(STUCK_LEASE).await.unwrap();
+    let seen = info(operator, &key).await.expect("held").holders[0].clone();
+    assert_eq!(seen, first.holder());
+    first.release().await.unwrap();
+    let next = b.lock(&key).lease(STUCK_LEASE).await.unwrap();
+
+    assert!(!operator.force_release_if(&key, &seen).await.unwrap());
+    let i = info(operator, &key).await.expect("still held");
+    assert_eq!(i.holders, [next.holder()], "the new holder was cleared");
+    assert_eq!(i.fence, Some(next.fence()));
+    assert!(!next.is_lost());
+
+    // The same interleaving with the unconditional call: the new holder
+    // goes. (What the conditional one is for.)
+    assert!(operator.force_release(&key).await.unwrap());
+    assert!(cleared(next.release().await));
+
+    // The named holder, while it holds: cleared, and a waiter is served.
+    let held = a.lock(&key).lease(STUCK_LEASE).await.unwrap();
+    let task = wait_for(b, &key);
+    assert!(until(LIMIT, || async { b.waiting_here(&key) == 1 }).await);
+    assert!(operator
+        .force_release_if(&key, held.holder())
+        .await
+        .unwrap());
+    let (served, _) = tokio::time::timeout(LIMIT, task)
+        .await
+        .expect("the waiter was not served")
+        .unwrap()
+        .unwrap();
+    assert!(served.fence() > held.fence());
+    let held_by = held.holder().to_owned();
+    assert!(cleared(held.release().await));
+    // A second send (a lost reply's retry) finds it someone else's.
+    assert!(!operator.force_release_if(&key, &held_by).await.unwrap());
+    assert_eq!(
+        info(operator, &key).await.expect("held").holders,
+        [served.holder()]
+    );
+    served.release().await.unwrap();
+
+    if with_readers {
+        let r1 = a.read_lock(&key).lease(STUCK_LEASE).await.unwrap();
+        let r2 = b.read_lock(&key).lease(STUCK_LEASE).await.unwrap();
+        assert!(operator.force_release_if(&key, r1.holder()).await.unwrap());
+        let i = info(operator, &key).await.expect("still read-held");
+        assert_eq!(
+            (i.mode, i.holders),
+            (LockMode::Read, vec![r2.holder().to_owned()])
+        );
+        assert!(cleared(r1.release().await));
+        r2.release().await.expect("the other reader kept its hold");
+    }
+    assert_eq!(info(operator, &key).await, None);
+}
+
 /// A read-held key cleared while a writer waits: every reader's hold ends,
 /// the writer gets the key, and each reader's release says `Lost`.
 ///

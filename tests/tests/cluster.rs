@@ -298,7 +298,8 @@ async fn slot_migration_while_held_follows_ask_and_moved() {
     tests::init_tracing();
     let cluster = Cluster::start(3, 0, 2000);
     // A slot migration is as slow as this test's harness makes it; a
-    // TRYAGAIN is retried for up to one operation timeout.
+    // TRYAGAIN is retried until the call's wait runs out
+    // (`calls_wait_out_a_long_slot_migration` holds one for longer).
     let client = builder()
         .op_timeout(Duration::from_secs(5))
         .cluster(cluster.urls())
@@ -552,4 +553,124 @@ async fn cluster_behind_proxies_smoke() {
         let counters = cluster.nodes[i].keys("lock:fence{*");
         assert!(!counters.is_empty(), "no key landed on primary {i}");
     }
+}
+
+/// A slot with many keys migrated by hand, held half moved for longer
+/// than two operation timeouts (default settings). Every lock script
+/// declares keys that do not exist yet, so both nodes answer `TRYAGAIN`
+/// until the migration is through: the calls must wait it out. A fenced
+/// `lock(k).wait(20s)` on a held key and on a free one both succeed; the
+/// holder's release and a `min_hold` release (`keep`) sent during the
+/// migration land once it ends, so nobody waits out a lease and no key of
+/// these locks is left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_wait_out_a_long_slot_migration() {
+    use tests::cluster::key_slot;
+    tests::init_tracing();
+    let cluster = Cluster::start(3, 0, 2000);
+    let connect = || async { LockClient::builder().cluster(cluster.urls()).await.unwrap() };
+    let (holder, waiter) = (connect().await, connect().await);
+    let key = unique("long-migration");
+    let hash = format!("lock:{{{key}}}");
+    let slot = key_slot(&hash);
+    // Two more locks in the same slot: one free, one held with `min_hold`.
+    let in_slot = |tag: &str| {
+        (0..)
+            .map(|i| format!("{key}-{tag}-{i}"))
+            .find(|k| key_slot(&format!("lock:{{{k}}}")) == slot)
+            .unwrap()
+    };
+    let (free, kept) = (in_slot("free"), in_slot("kept"));
+    let from = cluster.slot_owner(slot);
+    let to = (from + 1) % cluster.nodes.len();
+    let fillers: Vec<String> = (0..400).map(|i| format!("{{{key}}}:filler:{i}")).collect();
+    for f in &fillers {
+        let _: () = cluster.nodes[from].cmd(&["SET", f, "x"]);
+    }
+    let held = holder.lock(&key).await.unwrap();
+    let kept_guard = holder
+        .lock(&kept)
+        .min_hold(Duration::from_secs(3))
+        .await
+        .unwrap();
+    let lease = Duration::from_secs(30);
+
+    // Half the keys moved, the locks' keys still on the source.
+    cluster.begin_migration(slot, from, to);
+    let half: Vec<&str> = fillers[..200].iter().map(String::as_str).collect();
+    cluster.migrate_keys(from, to, &half);
+    let began = Instant::now();
+    let wait = |k: String| {
+        let c = waiter.clone();
+        tokio::spawn(async move {
+            let g = c.lock(&k).wait(Duration::from_secs(20)).await;
+            (g, Instant::now())
+        })
+    };
+    let (on_held, on_free, on_kept) = (wait(key.clone()), wait(free.clone()), wait(kept.clone()));
+    let try_agains = || cluster.try_again_errors(from) + cluster.try_again_errors(to);
+    assert!(
+        tests::eventually(Duration::from_secs(5), || try_agains() > 0).await,
+        "nothing met the migration"
+    );
+    let releasing = tokio::spawn(async move { held.release().await });
+    let keeping = tokio::spawn(async move { kept_guard.release().await });
+    // Held mixed for more than two operation timeouts.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let mut early = Vec::new();
+    let on_held = running("lock(k).wait(20s) on the held key", on_held, &mut early).await;
+    let on_free = running("lock(k).wait(20s) on a free key", on_free, &mut early).await;
+    let releasing = running("the holder's release", releasing, &mut early).await;
+    assert!(
+        early.is_empty(),
+        "ended mid-migration, with wait or lease left:\n{}",
+        early.join("\n")
+    );
+    let (on_held, on_free, releasing) = (on_held.unwrap(), on_free.unwrap(), releasing.unwrap());
+    cluster.finish_migration(slot, from, to);
+    let finished = Instant::now();
+    eprintln!("migration held for {:?}", finished - began);
+
+    releasing
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("the release sent during the migration failed: {e:?}"));
+    keeping
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("the min_hold release sent during the migration failed: {e:?}"));
+    for (what, t) in [("held", on_held), ("free", on_free), ("kept", on_kept)] {
+        let (g, at) = t.await.unwrap();
+        let g = g.unwrap_or_else(|e| panic!("lock(k).wait(20s) on the {what} key: {e:?}"));
+        // The released lock was not left to its lease: taken soon after the
+        // migration ended.
+        assert!(
+            at.duration_since(finished) < lease / 3,
+            "the {what} key was taken {:?} after the migration",
+            at.duration_since(finished)
+        );
+        assert!(g.fence() > 0);
+        g.release().await.unwrap();
+    }
+    let s = slot.to_string();
+    let left: Vec<String> = cluster.nodes[to].cmd(&["CLUSTER", "GETKEYSINSLOT", &s, "1000"]);
+    let left: Vec<&String> = left
+        .iter()
+        .filter(|k| k.contains(&key) && !k.contains(":filler:"))
+        .collect();
+    assert!(left.is_empty(), "keys left behind: {left:?}");
+}
+
+/// `task`, if still running; if it ended, how, in `early`.
+async fn running<T: std::fmt::Debug>(
+    what: &str,
+    task: tokio::task::JoinHandle<T>,
+    early: &mut Vec<String>,
+) -> Option<tokio::task::JoinHandle<T>> {
+    if !task.is_finished() {
+        return Some(task);
+    }
+    let out = task.await.unwrap();
+    early.push(format!("{what}: {out:?}"));
+    None
 }

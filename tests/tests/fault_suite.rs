@@ -28,6 +28,9 @@ use tests::history::{self, CheckConfig, Event, Fault, FaultKind, History, Kind, 
 use tests::proxy::{Mode, Proxy};
 use tests::{eventually, spawn_tied, unique, RedisServer};
 
+#[path = "fault_suite/cluster_nemesis.rs"]
+mod cluster_nemesis;
+
 /// The lease of the fault workers (`fault_worker.rs`) by default.
 const LEASE: Duration = Duration::from_secs(1);
 /// The workers' operation timeout (the client's default).
@@ -40,6 +43,9 @@ struct Locking {
     wait: Duration,
     /// Of every 100 ops, this many take the read lock.
     read_pct: u32,
+    /// A long hold (one op in 40) lasts this long to twice that; 0: the
+    /// worker's 80-200 ms.
+    long_hold_ms: u64,
 }
 
 impl Locking {
@@ -48,14 +54,16 @@ impl Locking {
         lease: LEASE,
         wait: Duration::from_secs(2),
         read_pct: 25,
+        long_hold_ms: 0,
     };
 
     fn arg(&self) -> String {
         format!(
-            "lease_ms={},wait_ms={},read_pct={}",
+            "lease_ms={},wait_ms={},read_pct={},long_hold_ms={}",
             self.lease.as_millis(),
             self.wait.as_millis(),
-            self.read_pct
+            self.read_pct,
+            self.long_hold_ms
         )
     }
 }
@@ -1082,6 +1090,7 @@ fn one_client_at_a_time(
             lease: Duration::from_secs(5),
             wait: Duration::from_secs(12),
             read_pct,
+            long_hold_ms: 0,
         },
     );
     let plan = Plan {
@@ -1154,6 +1163,33 @@ fn outside_nemesis_read_write_locks() {
     report.assert_clean();
 }
 
+/// A Redis Cluster under load while its locks' slots migrate back and
+/// forth between primaries, each held half moved for a while
+/// (`fault_suite/cluster_nemesis.rs`): no two holders at once, no call
+/// failed with wait left, no release failed, nothing left behind. 12 s of
+/// migrations bounded, 4 minutes with `FAULT_FULL=1`.
+#[test]
+fn cluster_slot_migrations_under_load() {
+    let _serial = serial();
+    let run = cluster_nemesis::run(run_time(12, 240));
+    println!(
+        "{}",
+        run.report
+            .table("Cluster under load, slots migrating between primaries")
+    );
+    assert!(run.migrations >= 2, "only {} migrations", run.migrations);
+    assert!(run.longest_mixed > 2 * OP_TIMEOUT);
+    assert!(
+        run.report.acquisitions >= 60,
+        "only {} acquisitions: the clients hardly ran",
+        run.report.acquisitions
+    );
+    assert_eq!(run.report.failures, 0, "lock calls failed");
+    assert_eq!(run.release_failures, 0, "releases failed");
+    assert!(run.leftover.is_empty(), "left behind: {:?}", run.leftover);
+    run.report.assert_clean();
+}
+
 /// Each reply fault on its own, in turn: an acquire's reply lost and its
 /// re-send answered past the orphan-grant timer, a slow spell, a command
 /// re-sent by the transport. A quarter of the ops read. 15 s bounded,
@@ -1181,6 +1217,19 @@ fn reply_faults_one_connection_at_a_time() {
     }
     report.assert_clean();
 }
+
+/// Sentinel under load with the primary failing over (one failover
+/// bounded, one every 20 s with `FAULT_FULL=1`): with `replica_acks` never
+/// two bodies at once; without, only where the earlier holder was told
+/// `Lost` within a lease. See `fault_suite/sentinel_nemesis.rs`.
+#[test]
+fn sentinel_failovers_under_load() {
+    let _serial = serial();
+    sentinel_nemesis::failovers_under_load();
+}
+
+#[path = "fault_suite/sentinel_nemesis.rs"]
+mod sentinel_nemesis;
 
 // ---------------------------------------------------------------------------
 // Focused scenarios.

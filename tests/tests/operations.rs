@@ -34,6 +34,7 @@ async fn one_redis() {
     let took = ops::a_forced_release_hands_over(&clients).await;
     println!("one Redis: a forced release handed the lock over in {took:?}");
     ops::a_forced_read_release_hands_to_the_writer(&clients, true).await;
+    ops::a_conditional_release_leaves_a_holder_that_took_over(&clients, true, true).await;
     ops::the_cleared_holder_learns_at_its_renewal(&clients).await;
     ops::listing(&clients).await;
 }
@@ -48,6 +49,7 @@ async fn memory() {
     ops::waiters_of_two_clients(&clients).await;
     ops::a_forced_release_hands_over(&clients).await;
     ops::a_forced_read_release_hands_to_the_writer(&clients, true).await;
+    ops::a_conditional_release_leaves_a_holder_that_took_over(&clients, true, true).await;
     ops::the_cleared_holder_learns_at_its_renewal(&clients).await;
     ops::listing(&clients).await;
 }
@@ -71,6 +73,7 @@ async fn sentinel() {
     ops::a_held_key(&clients).await;
     ops::waiters_of_two_clients(&clients).await;
     ops::a_forced_release_hands_over(&clients).await;
+    ops::a_conditional_release_leaves_a_holder_that_took_over(&clients, false, true).await;
     ops::listing(&clients).await;
 }
 
@@ -89,6 +92,7 @@ async fn cluster() {
     ops::waiters_of_two_clients(&clients).await;
     ops::a_forced_release_hands_over(&clients).await;
     ops::a_forced_read_release_hands_to_the_writer(&clients, false).await;
+    ops::a_conditional_release_leaves_a_holder_that_took_over(&clients, true, false).await;
     ops::the_cleared_holder_learns_at_its_renewal(&clients).await;
     ops::listing(&clients).await;
 
@@ -136,6 +140,7 @@ async fn redlock() {
     ops::a_read_held_key(&clients).await;
     ops::a_forced_release_hands_over(&clients).await;
     ops::a_forced_read_release_hands_to_the_writer(&clients, true).await;
+    ops::a_conditional_release_leaves_a_holder_that_took_over(&clients, true, true).await;
     ops::the_cleared_holder_learns_at_its_renewal(&clients).await;
     ops::listing(&clients).await;
 

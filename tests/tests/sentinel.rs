@@ -85,7 +85,10 @@ async fn primary_killed_clients_follow_the_new_primary() {
         "new lock is not on the new primary"
     );
     first.release().await.unwrap();
-    assert_ne!(sentinels.primary_port(), Some(old));
+    assert_eq!(
+        sentinels.wait_failover(old, Duration::from_secs(15)),
+        replica.port()
+    );
     println!(
         "Sentinel failover: first new lock granted {recovered:?} after the primary was killed \
          ({failures} failed attempts in between)"
@@ -288,6 +291,124 @@ async fn lock_loss_on_failover_with_and_without_replica_acks() {
         "an acknowledged lock was lost in the failover"
     );
     assert_eq!(still_held, 10);
+}
+
+/// With `replica_acks`, a renewal counts only once the replicas have it.
+/// Replication to the replica stalls (its link held, the replica still
+/// answering the sentinels) for longer than a lease while the holder's
+/// watchdog renews on the primary; then the primary dies and the lagging
+/// replica is promoted, where the holder's locks ran out long ago. Another
+/// client takes them there at once: by then the holder must have been told
+/// it lost them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_the_replicas_never_acknowledged_do_not_extend_a_hold() {
+    tests::init_tracing();
+    let mut primary = RedisServer::start();
+    let link = Proxy::start(primary.port());
+    let replica = start_replica(link.port());
+    wait_replicas_online(&primary, 1, Duration::from_secs(10));
+    let timing = Timing {
+        // The failover is asked for right after the kill (`SENTINEL
+        // FAILOVER`): no wait for the sentinels to see the primary down.
+        down_after_ms: 5_000,
+        // Keeps Sentinel from "fixing" the replica to bypass the proxy.
+        failover_timeout_ms: 30_000,
+    };
+    let sentinels = Sentinels::start(3, MASTER, &primary, timing);
+    sentinels.wait_ready(1, Duration::from_secs(20));
+    let lease = Duration::from_secs(3);
+    let holder = builder()
+        .replica_acks(1, Duration::from_millis(500))
+        .sentinel(sentinels.urls(), MASTER)
+        .await
+        .unwrap();
+    let keys: Vec<String> = (0..4).map(|_| unique("renewed")).collect();
+    let mut guards = Vec::new();
+    for k in &keys {
+        guards.push(holder.lock(k).lease(lease).await.unwrap());
+    }
+
+    // Healthy replica: the holds outlive their first lease, renewed (and
+    // confirmed) about every second, one `WAIT` a tick for all four.
+    primary.reset_stats();
+    tokio::time::sleep(lease + Duration::from_millis(500)).await;
+    let (waits, renew_calls) = (primary.calls("wait"), primary.calls("evalsha"));
+    let healthy_lost = guards.iter().filter(|g| g.is_lost()).count();
+
+    // Replication stalls; the primary keeps answering the holder.
+    link.set(Mode::Drop);
+    let stalled = Instant::now();
+    // The replica's copies run out a lease after the last renewal it saw.
+    assert!(
+        eventually(lease + Duration::from_secs(5), || keys
+            .iter()
+            .all(|k| !replica.exists(&hash(k))))
+        .await,
+        "the replica's copies of the locks did not run out"
+    );
+    let ran_out = stalled.elapsed();
+
+    let old = primary.port();
+    primary.kill();
+    let killed = Instant::now();
+    // Asked of one sentinel, promoted without waiting for the others.
+    let asked = sentinels.sentinels[0].try_cmd::<String>(&["SENTINEL", "FAILOVER", MASTER]);
+    assert!(
+        asked.is_ok() || matches!(&asked, Err(e) if e.code() == Some("INPROG")),
+        "{asked:?}"
+    );
+
+    // Another client, straight on the replica: each key is taken as soon
+    // as the replica is a primary.
+    let taker = builder().connect(&replica.url()).await.unwrap();
+    let mut taken = Vec::new();
+    for (k, a) in keys.iter().zip(&guards) {
+        let b = loop {
+            if let Ok(Some(b)) = taker.lock(k).wait(Duration::ZERO).try_acquire().await {
+                break b;
+            }
+            assert!(
+                killed.elapsed() < Duration::from_secs(15),
+                "`{k}` not taken on the replica within 15 s of the kill"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        // The holder must have been told before this moment.
+        taken.push((k.clone(), a.is_lost(), killed.elapsed()));
+        drop(b);
+    }
+    assert_eq!(
+        sentinels.wait_failover(old, Duration::from_secs(15)),
+        replica.port()
+    );
+    println!(
+        "healthy replica, {lease:?} lease, 4 holds: {renew_calls} renew calls and {waits} WAITs \
+         in {:?}; replica's copies ran out {ran_out:?} into the stall; taken after the kill \
+         (key, holder told lost, when): {taken:?}",
+        lease + Duration::from_millis(500)
+    );
+    for (k, told, at) in &taken {
+        assert!(
+            *told,
+            "`{k}` taken on the promoted replica {at:?} after the kill while its holder's guard \
+             still said held (is_lost() == false)"
+        );
+    }
+    assert_eq!(
+        healthy_lost, 0,
+        "a hold was lost while the replica was healthy"
+    );
+    // One WAIT per tick, not per hold (a tick about every second).
+    assert!(
+        (2..=renew_calls.max(2)).contains(&waits),
+        "{waits} WAITs for {renew_calls} renew calls of 4 holds"
+    );
+    for g in guards {
+        assert!(
+            g.release().await.is_err(),
+            "a hold the failover lost released cleanly"
+        );
+    }
 }
 
 #[tokio::test]

@@ -14,23 +14,71 @@
 //! failover time) finds the lock missing and reports it lost.
 
 use std::sync::{Arc, OnceLock, Weak};
+use std::time::Duration;
 
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{ProtocolVersion, PushInfo, PushKind, Value};
 use tokio::runtime::Handle;
+use tokio::time::Instant;
 
 use super::endpoint;
 use super::fault::Fault;
-use super::node::{NodeSettings, RedisNode};
+use super::node::{NodeSettings, RedisNode, Wake};
 use super::pubsub::{heard, subscribe_gated, unsubscribe_if_idle};
 use super::redis::{RedisBackend, Releases};
+use super::Released;
 use crate::key::{client_of, LockName};
 use crate::wakeups::{Waiter, Wakeups};
 
 /// A cluster is driven like one server: the cluster connection routes each
 /// script by its key.
 pub(crate) type ClusterBackend = RedisBackend<ShardSubscriber>;
+
+/// The ends of a hold, which wait out a slot on the move (`TRYAGAIN` for as
+/// long as the slot's keys are split between two nodes) until the lock
+/// would expire by itself at `until`, instead of failing after one
+/// operation timeout and leaving the lock to its lease.
+impl ClusterBackend {
+    pub(crate) async fn release_until(
+        &self,
+        name: &LockName,
+        owner: &str,
+        until: Instant,
+    ) -> Result<Released, Fault> {
+        let node = self.node.riding_out_moves(until);
+        node.release(name, owner, Wake::IfReleased).await
+    }
+
+    pub(crate) async fn release_writer_until(
+        &self,
+        name: &LockName,
+        owner: &str,
+        fence: u64,
+        until: Option<Instant>,
+    ) -> Result<Released, Fault> {
+        match until {
+            Some(until) => {
+                let node = self.node.riding_out_moves(until);
+                node.release_writer(name, owner, fence).await
+            }
+            None => self.node.release_writer(name, owner, fence).await,
+        }
+    }
+
+    pub(crate) async fn keep_until(
+        &self,
+        name: &LockName,
+        owner: &str,
+        left: Duration,
+        until: Instant,
+    ) -> Result<Released, Fault> {
+        self.node
+            .riding_out_moves(until)
+            .keep(name, owner, left)
+            .await
+    }
+}
 
 pub(crate) async fn connect(
     urls: Vec<String>,

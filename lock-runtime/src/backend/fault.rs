@@ -56,6 +56,13 @@ impl Fault {
         }
     }
 
+    /// Whether a Redis Cluster answered that the command's slot is on the
+    /// move (see [`slot_moving`]): the node was reached, and the command
+    /// did not run.
+    pub(crate) fn is_slot_moving(&self) -> bool {
+        matches!(self, Fault::Redis { source, .. } if slot_moving(source))
+    }
+
     /// Whether the command behind this fault may have run on Redis: its
     /// connection broke after it was (maybe) sent, or no answer came in
     /// time. A refused connection or a cluster with no connection to the
@@ -112,11 +119,22 @@ pub(crate) fn connection_broke(e: &redis::RedisError) -> bool {
         || e.kind() == redis::ErrorKind::ClusterConnectionNotFound
 }
 
-/// A script met a key of its slot that a migration already moved (Redis
-/// checks every key a script touches against the slot's move): like
-/// `TRYAGAIN`, it passes once the migration is through.
+/// The command's slot is on the move: `TRYAGAIN` (its keys are split
+/// between the two nodes), `ASK` or `MOVED` still there after the cluster
+/// connection's own redirects, or a script that met a key a migration
+/// already moved (Redis checks every key a script touches against the
+/// slot's move). The first three never ran the command; the lock scripts
+/// declare every key they touch, so Redis refuses them whole before they
+/// start. It passes once the migration is through, however long that takes.
 pub(crate) fn slot_moving(e: &redis::RedisError) -> bool {
-    e.to_string().contains("non local key")
+    use redis::{ErrorKind, ServerErrorKind};
+    matches!(
+        e.kind(),
+        ErrorKind::Server(
+            ServerErrorKind::TryAgain | ServerErrorKind::Ask | ServerErrorKind::Moved
+        )
+    ) || matches!(e.code(), Some("TRYAGAIN" | "ASK" | "MOVED"))
+        || e.to_string().contains("non local key")
 }
 
 /// A Redis error that a later try may not see.
@@ -133,4 +151,33 @@ fn transient(e: &redis::RedisError) -> bool {
             e.code(),
             Some("TRYAGAIN" | "CLUSTERDOWN" | "LOADING" | "MASTERDOWN" | "READONLY" | "BUSY")
         )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server's error reply, as the client sees it.
+    fn answered(reply: &str) -> Fault {
+        let value = redis::parse_redis_value(format!("-{reply}\r\n").as_bytes()).unwrap();
+        Fault::redis("a lock script", value.extract_error().unwrap_err())
+    }
+
+    #[test]
+    fn a_slot_on_the_move_did_not_run_and_passes() {
+        for reply in [
+            "TRYAGAIN Multiple keys request during rehashing of slot",
+            "ASK 3999 127.0.0.1:7002",
+            "MOVED 3999 127.0.0.1:7002",
+            "ERR Script attempted to access a non local key in a cluster node",
+        ] {
+            let f = answered(reply);
+            assert!(f.is_slot_moving(), "{reply}");
+            assert!(f.is_transient(), "{reply}");
+            assert!(!f.may_have_run(), "{reply}");
+        }
+        for reply in ["CLUSTERDOWN The cluster is down", "ERR unknown command"] {
+            assert!(!answered(reply).is_slot_moving(), "{reply}");
+        }
+    }
 }

@@ -4,6 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use crate::key::LockName;
 use crate::wakeups::Waiter;
 use fault::Fault;
@@ -151,34 +153,44 @@ impl Backend {
     }
 
     /// Release `owner`'s lock, or take it out of the lock's queue.
+    /// `until`: when the lock expires by itself (the hold's deadline); a
+    /// Redis Cluster whose slot is on the move is waited out until then.
     pub(crate) async fn release(
         &self,
         name: &LockName,
         owner: &Arc<str>,
+        until: Option<Instant>,
     ) -> Result<Released, Fault> {
+        #[cfg(feature = "cluster")]
+        if let (Backend::Cluster(b), Some(until)) = (self, until) {
+            return b.release_until(name, owner, until).await;
+        }
+        let _ = until;
         each!(self, b => b.release(name, owner).await,
             fake _f => Err(Fault::other("not used")))
     }
 
     /// Release a hold of `owner`'s with token `fence` (0: none): a writer's
     /// that nobody is likely to wait behind (`contended` false) is deleted
-    /// by the server's own compare-and-delete where it has one.
+    /// by the server's own compare-and-delete where it has one. `until` as
+    /// for [`release`](Self::release).
     pub(crate) async fn release_held(
         &self,
         name: &LockName,
         owner: &Arc<str>,
         fence: u64,
         contended: bool,
+        until: Option<Instant>,
     ) -> Result<Released, Fault> {
         if contended || crate::key::is_reader(owner) {
-            return self.release(name, owner).await;
+            return self.release(name, owner, until).await;
         }
         match self {
             Backend::Redis(b) => b.node.release_writer(name, owner, fence).await,
             #[cfg(feature = "cluster")]
-            Backend::Cluster(b) => b.node.release_writer(name, owner, fence).await,
+            Backend::Cluster(b) => b.release_writer_until(name, owner, fence, until).await,
             Backend::Sentinel(b) => b.release_writer(name, owner, fence).await,
-            _ => self.release(name, owner).await,
+            _ => self.release(name, owner, until).await,
         }
     }
 
@@ -190,19 +202,26 @@ impl Backend {
     pub(crate) async fn undo(&self, name: &LockName, owner: &Arc<str>) -> Result<Released, Fault> {
         match self {
             Backend::Sentinel(b) => b.undo(name, owner).await,
-            _ => self.release(name, owner).await,
+            _ => self.release(name, owner, None).await,
         }
     }
 
     /// End `owner`'s hold, leaving the lock taken for `left` more
     /// (`min_hold`): a renewal of `owner` that comes after this extends
-    /// nothing, and sending this twice is harmless.
+    /// nothing, and sending this twice is harmless. `until` as for
+    /// [`release`](Self::release).
     pub(crate) async fn keep(
         &self,
         name: &LockName,
         owner: &Arc<str>,
         left: Duration,
+        until: Option<Instant>,
     ) -> Result<Released, Fault> {
+        #[cfg(feature = "cluster")]
+        if let (Backend::Cluster(b), Some(until)) = (self, until) {
+            return b.keep_until(name, owner, left, until).await;
+        }
+        let _ = until;
         each!(self, b => b.keep(name, owner, left).await,
             fake _f => Err(Fault::other("not used")))
     }
@@ -271,6 +290,19 @@ impl Backend {
     /// holders whose hold this removed.
     pub(crate) async fn force_release(&self, name: &LockName) -> Result<Vec<String>, Fault> {
         each!(self, b => b.force_release(name).await,
+            fake _f => Err(Fault::other("not used")))
+    }
+
+    /// End `holder`'s hold of this lock as [`force_release`] ends each
+    /// hold, and only if `holder` still holds it. Whether it ended one.
+    ///
+    /// [`force_release`]: Self::force_release
+    pub(crate) async fn force_release_if(
+        &self,
+        name: &LockName,
+        holder: &str,
+    ) -> Result<bool, Fault> {
+        each!(self, b => b.force_release_if(name, holder).await,
             fake _f => Err(Fault::other("not used")))
     }
 

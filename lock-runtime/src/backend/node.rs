@@ -133,6 +133,10 @@ pub(crate) struct RedisNode {
     /// The server refused the native delete once (a downgrade, an ACL
     /// that allows scripts only, a cluster half upgraded): scripts only.
     native_refused: Arc<std::sync::atomic::AtomicBool>,
+    /// A command whose cluster slot is on the move is sent again until
+    /// then, past the operation timeout (see
+    /// [`riding_out_moves`](Self::riding_out_moves)).
+    moves_until: Option<tokio::time::Instant>,
 }
 
 #[derive(Clone)]
@@ -243,6 +247,7 @@ impl RedisNode {
             native_delete: None,
             counter: Arc::default(),
             native_refused: Arc::default(),
+            moves_until: None,
         };
         node.load_scripts().await?;
         node.native_delete = node.find_native_delete().await;
@@ -306,6 +311,7 @@ impl RedisNode {
             native_delete: None,
             counter: Arc::default(),
             native_refused: Arc::default(),
+            moves_until: None,
         }
     }
 
@@ -326,6 +332,20 @@ impl RedisNode {
             Some(NativeDelete::DelEx)
         } else {
             None
+        }
+    }
+
+    /// This node for a release whose lock expires by itself at `until`:
+    /// while the cluster says its slot is on the move (the command did not
+    /// run), each send is followed by another until then, so that the
+    /// release lands once the migration is through instead of leaving the
+    /// lock to its lease. Any other fault still ends it within one
+    /// operation timeout of the last such answer.
+    #[cfg(feature = "cluster")]
+    pub(crate) fn riding_out_moves(&self, until: tokio::time::Instant) -> RedisNode {
+        RedisNode {
+            moves_until: Some(until),
+            ..self.clone()
         }
     }
 
@@ -601,6 +621,11 @@ impl RedisNode {
                 return out;
             };
             let now = tokio::time::Instant::now();
+            if let Some(moves) = self.moves_until.filter(|_| e.is_slot_moving()) {
+                // Answered, not run: another operation timeout, up to the
+                // bound this node was given.
+                deadline = deadline.max(moves.min(now + self.settings.op_timeout));
+            }
             if !(resend(e) && now + pause + MIN_SEND < deadline) {
                 return out;
             }
@@ -917,12 +942,19 @@ impl RedisNode {
         owner: &str,
         left: Duration,
     ) -> Result<Released, Fault> {
+        // Counted from here: a send that lands later (after a slot move)
+        // leaves the lock for what is left of it.
+        let until = tokio::time::Instant::now() + left;
+        let readers = name.readers();
+        let keys: &[&str] = &[&name.hash, &readers];
         let kept: i64 = self
-            .eval(
-                &scripts::KEEP,
-                &[&name.hash, &name.readers()],
-                &[Arg::Str(owner), Arg::Num(millis(left))],
-            )
+            .retrying(|limit| async move {
+                let left = until.saturating_duration_since(tokio::time::Instant::now());
+                let args = [Arg::Str(owner), Arg::Num(millis(left))];
+                let sha = Query::Cmd(scripts::KEEP.evalsha(keys, &args));
+                self.eval_once(&scripts::KEEP, &sha, keys, &args, limit)
+                    .await
+            })
             .await?;
         Ok(if kept == 1 {
             Released::Freed
@@ -975,11 +1007,34 @@ impl RedisNode {
         if self.is_cluster() {
             return futures_util::future::join_all(batch.iter().map(|r| self.renew_one(r))).await;
         }
+        self.renew_with(batch, None).await
+    }
+
+    /// [`renew`](Self::renew) on one server, each send followed in its
+    /// pipeline by `WAIT replicas timeout` (Sentinel with `replica_acks`):
+    /// a renewal counts only once `replicas` replicas acknowledged it, and
+    /// one that ran unacknowledged is a failure (no verdict), so the
+    /// holder's deadline stays where the replicas have it. One `WAIT` a
+    /// tick, in the same round trip, on the connection that ran the
+    /// renewals: a `WAIT` sent apart could go on a connection that replaced
+    /// a broken one, and would wait for none of them.
+    pub(crate) async fn renew_acked(
+        &self,
+        batch: &[Renewal],
+        acks: (usize, Duration),
+    ) -> Vec<Renewed> {
+        self.renew_with(batch, Some(acks)).await
+    }
+
+    async fn renew_with(&self, batch: &[Renewal], acks: Option<(usize, Duration)>) -> Vec<Renewed> {
         let op = self.settings.op_timeout;
-        match self.retrying(|limit| self.renew_once(batch, limit)).await {
+        match self
+            .retrying(|limit| self.renew_once(batch, acks, limit))
+            .await
+        {
             Err(Fault::Redis { source, .. }) if scripts::is_noscript(&source) => {
                 match self.load_scripts().await {
-                    Ok(()) => self.renew_once(batch, Limit::from_now(op)).await,
+                    Ok(()) => self.renew_once(batch, acks, Limit::from_now(op)).await,
                     Err(e) => Err(e),
                 }
             }
@@ -1012,7 +1067,12 @@ impl RedisNode {
         }
     }
 
-    async fn renew_once(&self, batch: &[Renewal], limit: Limit) -> Result<Vec<Renewed>, Fault> {
+    async fn renew_once(
+        &self,
+        batch: &[Renewal],
+        acks: Option<(usize, Duration)>,
+        limit: Limit,
+    ) -> Result<Vec<Renewed>, Fault> {
         // One EVALSHA per lease and chunk: a client's locks mostly share a
         // lease, and all share the front of their owner ids, which then
         // travel once per call instead of once per lock. Each owner id is
@@ -1060,9 +1120,44 @@ impl RedisNode {
                 calls += 1;
             }
         }
-        let flags: Vec<Vec<u8>> = self
-            .query(&Query::Pipe(pipe), "renewing locks", limit)
-            .await?;
+        let (flags, unacked) = match acks {
+            None => (
+                self.query::<Vec<Vec<u8>>>(&Query::Pipe(pipe), "renewing locks", limit)
+                    .await?,
+                None,
+            ),
+            Some((replicas, wait)) => {
+                pipe.cmd("WAIT").arg(replicas).arg(millis(wait));
+                let mut replies: Vec<Value> = self
+                    .query(&Query::Pipe(pipe), "renewing locks", limit)
+                    .await?;
+                let acked = replies
+                    .pop()
+                    .and_then(|v| redis::from_redis_value::<i64>(v).ok());
+                let flags = replies
+                    .into_iter()
+                    .map(redis::from_redis_value::<Vec<u8>>)
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| {
+                        Fault::other(format!(
+                            "renewing locks on Redis at {}: unexpected reply ({e})",
+                            self.addr
+                        ))
+                    })?;
+                let unacked = match acked {
+                    Some(n) if n >= replicas as i64 => None,
+                    Some(n) => Some(format!(
+                        "renewed on Redis at {} but only {n} of the {replicas} replicas required confirmed within {wait:?}",
+                        self.addr
+                    )),
+                    None => Some(format!(
+                        "renewed on Redis at {} but WAIT gave no count of replicas",
+                        self.addr
+                    )),
+                };
+                (flags, unacked)
+            }
+        };
         if flags.len() != calls {
             return Err(Fault::other(format!(
                 "renewing locks: {} replies to {calls} calls",
@@ -1074,7 +1169,10 @@ impl RedisNode {
         let mut seen = 0;
         for (&i, f) in order.iter().zip(flags.iter().flatten()) {
             if *f == b'1' {
-                out[i] = Renewed::Yes;
+                out[i] = match &unacked {
+                    None => Renewed::Yes,
+                    Some(why) => Renewed::Failed(Fault::other(why.clone())),
+                };
             }
             seen += 1;
         }

@@ -117,6 +117,16 @@ impl<S: Releases> RedisBackend<S> {
         self.node.force_release(name, Wake::IfReleased).await
     }
 
+    pub(crate) async fn force_release_if(
+        &self,
+        name: &LockName,
+        holder: &str,
+    ) -> Result<bool, Fault> {
+        self.node
+            .force_release_if(name, holder, Wake::IfReleased)
+            .await
+    }
+
     pub(crate) async fn scan(&self, pattern: &str) -> Result<Vec<String>, Fault> {
         self.node.scan(pattern).await
     }

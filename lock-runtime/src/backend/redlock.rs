@@ -505,34 +505,54 @@ impl Shared {
                 }
             }
         }
-        let n = self.slots.len();
         let mut removed = Vec::new();
         for holder in holders {
-            let holder = &holder;
-            let answers = self
-                .all(self.op_timeout, |s| async move {
-                    s.node()
-                        .await?
-                        .release_forced(name, holder, Wake::Always)
-                        .await
-                })
-                .await;
-            let ended = answers.iter().filter(|a| matches!(a, Ok(true))).count();
-            let kept = answers.iter().filter(|a| matches!(a, Ok(false))).count();
-            match verdict(n, self.quorum, ended, kept) {
-                Verdict::Majority => removed.push(holder.clone()),
-                Verdict::Impossible => {}
-                Verdict::Unknown => {
-                    return Err(Fault::other(format!(
-                        "Redlock: force-releasing lock `{}` held by {holder}: confirmed by {ended} of {n} nodes, {} needed: {}",
-                        name.key,
-                        self.quorum,
-                        self.failures(&answers)
-                    )))
-                }
+            if self.release_forced(name, &holder).await? {
+                removed.push(holder);
             }
         }
         Ok(removed)
+    }
+
+    /// `holder`'s hold ended on every node, if any answering node still
+    /// has it (a partial grant on a minority too); whether a majority
+    /// ended it.
+    async fn force_release_if(&self, name: &LockName, holder: &str) -> Result<bool, Fault> {
+        let known = self
+            .views(name)
+            .await?
+            .iter()
+            .any(|v| v.holders.iter().any(|h| h == holder));
+        if !known {
+            return Ok(false);
+        }
+        self.release_forced(name, holder).await
+    }
+
+    /// `holder`'s release, forced, on every node: whether a majority ended
+    /// its hold.
+    async fn release_forced(&self, name: &LockName, holder: &str) -> Result<bool, Fault> {
+        let n = self.slots.len();
+        let answers = self
+            .all(self.op_timeout, |s| async move {
+                s.node()
+                    .await?
+                    .release_forced(name, holder, Wake::Always)
+                    .await
+            })
+            .await;
+        let ended = answers.iter().filter(|a| matches!(a, Ok(true))).count();
+        let kept = answers.iter().filter(|a| matches!(a, Ok(false))).count();
+        match verdict(n, self.quorum, ended, kept) {
+            Verdict::Majority => Ok(true),
+            Verdict::Impossible => Ok(false),
+            Verdict::Unknown => Err(Fault::other(format!(
+                "Redlock: force-releasing lock `{}` held by {holder}: confirmed by {ended} of {n} nodes, {} needed: {}",
+                name.key,
+                self.quorum,
+                self.failures(&answers)
+            ))),
+        }
     }
 
     /// The names any answering node has; an error unless a majority
@@ -599,6 +619,14 @@ impl RedlockBackend {
 
     pub(crate) async fn force_release(&self, name: &LockName) -> Result<Vec<String>, Fault> {
         self.shared.force_release(name).await
+    }
+
+    pub(crate) async fn force_release_if(
+        &self,
+        name: &LockName,
+        holder: &str,
+    ) -> Result<bool, Fault> {
+        self.shared.force_release_if(name, holder).await
     }
 
     pub(crate) async fn scan(&self, pattern: &str) -> Result<Vec<String>, Fault> {

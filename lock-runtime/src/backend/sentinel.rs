@@ -9,7 +9,10 @@
 //! Replication is asynchronous: a lock the old primary granted but had not
 //! yet sent to the replica is gone after a failover. With
 //! [`replica_acks`](crate::LockClientBuilder::replica_acks) an acquire runs
-//! `WAIT k timeout` and only reports the lock held once `k` replicas have it.
+//! `WAIT k timeout` and only reports the lock held once `k` replicas have it,
+//! and each renewal tick ends with a `WAIT` in its pipeline: a renewal moves
+//! the holder's deadline only once `k` replicas have it, so a promoted
+//! replica never lets the lock go before its holder counts it gone.
 
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -36,6 +39,9 @@ struct Primary {
     /// A connection of its own for acquires followed by WAIT: WAIT blocks
     /// its connection, and renewals must not queue behind it.
     acks_node: Option<RedisNode>,
+    /// With `replica_acks`, the renewals and their WAIT: on a connection
+    /// of their own too, so that nothing else waits behind a tick.
+    renew_node: Option<RedisNode>,
     subscriber: Subscriber,
 }
 
@@ -175,22 +181,37 @@ async fn open_primary(
             "Sentinel names {addr} as primary but it is a replica (failover in progress?)"
         )));
     }
-    let acks_node = match acks {
+    let (acks_node, renew_node) = match acks {
         Some((_, wait)) => {
             let settings = NodeSettings {
                 op_timeout: settings.op_timeout + wait,
                 ..settings.clone()
             };
-            Some(RedisNode::connect_to(info.clone(), settings).await?)
+            (
+                Some(RedisNode::connect_to(info.clone(), settings.clone()).await?),
+                Some(RedisNode::connect_to(info.clone(), settings).await?),
+            )
         }
-        None => None,
+        None => (None, None),
     };
     Ok(Primary {
         subscriber: Subscriber::new_to(info, settings.clone(), io.clone())?,
         addr,
         node,
         acks_node,
+        renew_node,
     })
+}
+
+impl Primary {
+    /// Renew a batch here; with `replica_acks`, confirmed by the replicas
+    /// (see [`RedisNode::renew_acked`]).
+    async fn renew(&self, batch: &[Renewal], acks: Option<(usize, Duration)>) -> Vec<Renewed> {
+        match (&self.renew_node, acks) {
+            (Some(node), Some(acks)) => node.renew_acked(batch, acks).await,
+            _ => self.node.renew(batch).await,
+        }
+    }
 }
 
 /// Whether an error may mean the primary moved.
@@ -415,6 +436,10 @@ impl SentinelBackend {
             .await
     }
 
+    /// Not waited for by the replicas: `keep` never extends a hold (it
+    /// renames it and only shortens its expiry), so a replica without it
+    /// keeps the lock until the last acknowledged renewal, no earlier than
+    /// the holder counted on.
     pub(crate) async fn keep(
         &self,
         name: &LockName,
@@ -430,7 +455,7 @@ impl SentinelBackend {
     pub(crate) async fn renew(&self, batch: Vec<Renewal>) -> Vec<Renewed> {
         let shared = &self.shared;
         let (first, started) = (shared.current(), Instant::now());
-        let out = first.node.renew(&batch).await;
+        let out = first.renew(&batch, shared.acks).await;
         let failed = out
             .iter()
             .find_map(|r| match r {
@@ -442,7 +467,7 @@ impl SentinelBackend {
             return out;
         }
         match shared.after_failure(&first, started).await {
-            Some(next) => next.node.renew(&batch).await,
+            Some(next) => next.renew(&batch, shared.acks).await,
             None => out,
         }
     }
@@ -490,6 +515,24 @@ impl SentinelBackend {
     pub(crate) async fn force_release(&self, name: &LockName) -> Result<Vec<String>, Fault> {
         let (primary, started) = (self.shared.current(), Instant::now());
         let out = primary.node.force_release(name, Wake::IfReleased).await;
+        if matches!(&out, Err(e) if may_have_moved(e)) {
+            self.shared.after_failure(&primary, started).await;
+        }
+        out
+    }
+
+    /// Like [`force_release`](Self::force_release), not run again on a new
+    /// primary after a failure.
+    pub(crate) async fn force_release_if(
+        &self,
+        name: &LockName,
+        holder: &str,
+    ) -> Result<bool, Fault> {
+        let (primary, started) = (self.shared.current(), Instant::now());
+        let out = primary
+            .node
+            .force_release_if(name, holder, Wake::IfReleased)
+            .await;
         if matches!(&out, Err(e) if may_have_moved(e)) {
             self.shared.after_failure(&primary, started).await;
         }

@@ -196,13 +196,15 @@ impl<I: Moment> Acquiring<I> {
     }
 
     /// An attempt failed in a way that may pass (no answer, a cut
-    /// connection); `may_have_run`: it may have reached the server. The
-    /// next attempt (same owner) is answered `Repeated` if it ran, and if
-    /// the request ends first, the undo takes it back.
-    pub fn failed(&mut self, may_have_run: bool) {
+    /// connection, a cluster slot on the move); `reached`: it may have
+    /// reached the server, or the server answered that it did not run it
+    /// yet (a slot on the move). The next attempt (same owner) is answered
+    /// `Repeated` if it ran, and if the request ends first, the undo takes
+    /// it back.
+    pub fn failed(&mut self, reached: bool) {
         self.queued_once |= self.may_queue;
         // Refused now: down now, whatever an earlier attempt met.
-        self.reached = may_have_run;
+        self.reached = reached;
         self.failures += 1;
     }
 

@@ -2,6 +2,10 @@
 //!
 //! `fault_worker LOCK_URL STORE_URL|- PROC_ID KEYS TASKS MODE [SETTINGS]`
 //!
+//! `LOCK_URL` is one Redis, or `sentinel:MASTER:K:MS@URL,URL,…` for the
+//! primary the sentinels at those URLs name, with `replica_acks(K, MS ms)`
+//! (`K` 0: without).
+//!
 //! Runs `TASKS` tasks that loop over: pick one of the comma-separated `KEYS`,
 //! acquire it (lease 1 s, wait 2 s), write the fence to the fenced store
 //! (`-`: no store), sometimes hold it a while (a target for SIGSTOP), write
@@ -11,7 +15,8 @@
 //! it shares the key with other readers, writes nothing, and holds it the
 //! same way, so the checker sees readers overlap each other and never a
 //! writer. `SETTINGS` (`lease_ms=5000,wait_ms=12000,read_pct=60`, any of
-//! them) changes the lease, the wait and the share of readers.
+//! them) changes the lease, the wait and the share of readers;
+//! `long_hold_ms=N` makes the long holds last N to 2N ms (0: 80-200 ms).
 //!
 //! Every step is printed as a history line (`tests::history`), stamped
 //! with `CLOCK_MONOTONIC`: a call's wait with its attempt, how long it took
@@ -45,6 +50,8 @@ struct Settings {
     wait: Duration,
     /// Of every 100 ops, this many take the read lock.
     read_pct: u32,
+    /// A long hold lasts this long to twice that (0: 80-200 ms).
+    long_hold_ms: u64,
 }
 
 impl Settings {
@@ -53,6 +60,7 @@ impl Settings {
             lease: LEASE,
             wait: WAIT,
             read_pct: 25,
+            long_hold_ms: 0,
         };
         for pair in arg.unwrap_or("").split(',').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').expect("SETTINGS: key=value,...");
@@ -61,6 +69,7 @@ impl Settings {
                 "lease_ms" => s.lease = Duration::from_millis(n),
                 "wait_ms" => s.wait = Duration::from_millis(n),
                 "read_pct" => s.read_pct = n as u32,
+                "long_hold_ms" => s.long_hold_ms = n,
                 _ => panic!("SETTINGS: unknown {k}"),
             }
         }
@@ -123,7 +132,10 @@ async fn work(ctx: &Ctx, op: u64, key: &str, fence: u64, read: bool) {
         write(ctx, op, key, fence).await;
     }
     if fastrand::u32(..LONG_HOLD_ONE_IN) == 0 {
-        let ms = fastrand::u64(80..200);
+        let ms = match ctx.settings.long_hold_ms {
+            0 => fastrand::u64(80..200),
+            n => fastrand::u64(n..2 * n),
+        };
         ctx.rec.record(op, key, Kind::Hold { ms });
         tokio::time::sleep(Duration::from_millis(ms)).await;
     } else {
@@ -286,16 +298,36 @@ async fn attr_op(ctx: &Ctx, op: u64, key: &str, read: bool) {
     }
 }
 
+/// `sentinel:MASTER:K:MS@URL,URL,…` (see the module docs).
+async fn connect_sentinel(
+    spec: &str,
+    builder: lock_runtime::LockClientBuilder,
+) -> Result<LockClient, LockError> {
+    let (head, urls) = spec.split_once('@').expect("sentinel:MASTER:K:MS@URLS");
+    let parts: Vec<&str> = head.split(':').collect();
+    let [master, k, ms] = parts[..] else {
+        panic!("sentinel:MASTER:K:MS@URLS, got {spec}");
+    };
+    let k: usize = k.parse().expect("K");
+    let builder = match k {
+        0 => builder,
+        k => builder.replica_acks(k, Duration::from_millis(ms.parse().expect("MS"))),
+    };
+    builder.sentinel(urls.split(','), master).await
+}
+
 async fn connect(url: &str, settings: Settings) -> LockClient {
     // Redis (or the proxy in front of it) may be faulted right now.
     let mut last = None;
     for _ in 0..60 {
-        match LockClient::builder()
+        let builder = LockClient::builder()
             .lease(settings.lease)
-            .wait(settings.wait)
-            .connect(url)
-            .await
-        {
+            .wait(settings.wait);
+        let client = match url.strip_prefix("sentinel:") {
+            Some(spec) => connect_sentinel(spec, builder).await,
+            None => builder.connect(url).await,
+        };
+        match client {
             Ok(c) => return c,
             Err(e) => {
                 last = Some(e);

@@ -58,6 +58,25 @@ impl MemoryBackend {
         Ok(removed)
     }
 
+    /// `holder`'s own release, if it still holds.
+    pub(crate) async fn force_release_if(
+        &self,
+        name: &LockName,
+        holder: &str,
+    ) -> Result<bool, Fault> {
+        if !self
+            .inspect(name)
+            .await?
+            .holders
+            .iter()
+            .any(|h| h == holder)
+        {
+            return Ok(false);
+        }
+        let owner: Arc<str> = holder.into();
+        Ok(self.shared.release_now(name, &owner) == Released::Freed)
+    }
+
     /// The names of held or awaited locks that match `pattern`.
     pub(crate) async fn scan(&self, pattern: &str) -> Result<Vec<String>, Fault> {
         let state = self.shared.state.lock().unwrap();

@@ -76,6 +76,29 @@ impl RedisNode {
         Ok(removed)
     }
 
+    /// End `holder`'s hold, and only if it still holds: the release is
+    /// run as `holder`, so a hold that changed hands since the operator
+    /// looked is left alone. Read first, so that a holder that released on
+    /// its own (its release then counts as `repeated`), or a cluster's
+    /// absent hold, is not reported as removed.
+    pub(crate) async fn force_release_if(
+        &self,
+        name: &LockName,
+        holder: &str,
+        wake: Wake,
+    ) -> Result<bool, Fault> {
+        if !self
+            .inspect(name)
+            .await?
+            .holders
+            .iter()
+            .any(|h| h == holder)
+        {
+            return Ok(false);
+        }
+        self.release_forced(name, holder, wake).await
+    }
+
     /// Every name matching `pattern` (`SCAN`, never `KEYS`): on a cluster,
     /// on each primary.
     pub(crate) async fn scan(&self, pattern: &str) -> Result<Vec<String>, Fault> {
