@@ -7,7 +7,7 @@ use syn::meta::ParseNestedMeta;
 use syn::{Expr, ExprLit, Lit, LitStr, Path};
 
 const OPTIONS: &str =
-    "key, keys, mode, lease, wait, on_lost, on_busy, min_hold, max_hold, fence, crate";
+    "key, keys, mode, lease, wait, on_lost, on_busy, min_hold, max_hold, fence, client, crate";
 
 /// The attribute's options, validated.
 pub(crate) struct Args {
@@ -25,6 +25,9 @@ pub(crate) struct Args {
     pub(crate) max_hold: Option<Duration>,
     /// `fence = false`: no token.
     pub(crate) unfenced: bool,
+    /// `client = <expr>`: the client to lock with, an expression in the
+    /// fn's scope (else the scoped or global client).
+    pub(crate) client: Option<Expr>,
     pub(crate) krate: Option<Path>,
 }
 
@@ -40,6 +43,7 @@ struct Builder {
     min_hold: Option<Duration>,
     max_hold: Option<(Duration, LitStr)>,
     fence: Option<bool>,
+    client: Option<Expr>,
     krate: Option<Path>,
 }
 
@@ -90,6 +94,7 @@ impl Args {
             min_hold: b.min_hold,
             max_hold: b.max_hold.map(|(d, _)| d),
             unfenced: b.fence == Some(false),
+            client: b.client,
             krate: b.krate,
         })
     }
@@ -269,6 +274,12 @@ impl Builder {
                 };
                 once(&mut self.fence, &meta, "fence", fence)
             }
+            "client" => {
+                // Any expression: its type (`LockClient` or `&LockClient`)
+                // is checked where it is used, in the fn's scope.
+                let expr: Expr = meta.value()?.parse()?;
+                once(&mut self.client, &meta, "client", expr)
+            }
             "crate" => {
                 let lit = string(&meta, "crate", "\"lock_runtime\"")?;
                 let path: Path = lit.parse().map_err(|_| {
@@ -313,6 +324,8 @@ fn suggestion(given: &str) -> Option<(&'static str, &'static str)> {
         ),
         ("name", "key", ""),
         ("skip", "on_busy", " = \"skip\""),
+        ("lock_client", "client", ""),
+        ("with_client", "client", ""),
         ("shared", "mode", " = \"read\""),
         ("read", "mode", " = \"read\""),
     ];
@@ -371,6 +384,9 @@ mod tests {
         assert_eq!(a.wait, Some(Duration::ZERO));
         assert!(a.on_lost_continue);
         assert!(a.krate.is_some());
+        assert!(a.client.is_none());
+        let c = Args::parse(quote!(key = "k", client = app.locks)).unwrap();
+        assert!(c.client.is_some());
         let b = Args::parse(quote!(
             keys = ["a:{x}", "b:{y}"],
             on_busy = "skip",
@@ -415,6 +431,10 @@ mod tests {
         assert!(e(quote!(key = 5)).contains("string literal"));
         assert!(e(quote!(key = "k", fence = "no")).contains("`false`"));
         assert!(e(quote!(key = "k", fence = false, fence = true)).contains("twice"));
+        assert!(
+            e(quote!(key = "k", client = a.locks, client = b)).contains("`client` is given twice")
+        );
+        assert!(e(quote!(key = "k", lock_client = a)).contains("did you mean `client`"));
     }
 
     #[test]

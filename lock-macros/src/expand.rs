@@ -114,6 +114,20 @@ pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
         ident("__lock_out"),
         ident("__lock_err"),
     );
+    // Where the client comes from: `client = <expr>` (any `LockClient` or
+    // `&LockClient` in the fn's scope, cloned before the body takes the
+    // parameters), else the task's scope or the global one.
+    let client_source = match &args.client {
+        Some(expr) => {
+            let from = quote_spanned! {expr.span()=>
+                #krate::__private::lock_client(&(#expr))
+            };
+            quote!(::core::result::Result::Ok::<#krate::LockClient, #krate::LockError>(
+                ::core::clone::Clone::clone(#from)
+            ))
+        }
+        None => quote!(#krate::client()),
+    };
     let block = &func.block;
     // `on_busy = "skip"`: busy is `Ok(T::default())`, checked on `T`
     // where it can be named (so the error points at it), else through the
@@ -150,13 +164,14 @@ pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
     let body = quote_spanned! {ret.span()=>
         let #key_var = #key_value;
         let #fail = <#ret_ty as #krate::__private::LockResult>::from_lock_error;
+        let #client = #client_source;
         // (A body that always diverges, `panic!` say, is no warning here.)
         #[allow(unreachable_code, clippy::diverging_sub_expression)]
         let #body_var = async move {
             let #out: #ret_ty = #block;
             #out
         };
-        match #krate::client() {
+        match #client {
             ::core::result::Result::Ok(#client) => match #client
                 .#lock_method(#key_var)
                 .name(#template_name)

@@ -15,9 +15,13 @@ mod key_template;
 /// async fn pay(id: u64) -> Result<Receipt, AppError> { /* ... */ }
 /// ```
 ///
-/// - `key` (required): a template; `{name}` is a parameter, `{name.field}` a
-///   field of one, `{self.field}` a field of the receiver, each formatted
-///   with `Display`; `{{` and `}}` are literal braces.
+/// - `key` (required, unless `keys`): a template; `{name}` is a parameter,
+///   `{name.field}` a field of one, `{self.field}` a field of the receiver,
+///   each formatted with `Display`; `{{` and `}}` are literal braces.
+/// - `keys = ["account:{from}", "account:{to}"]`: several keys, all held or
+///   none (taken in sorted order, so no deadlock); instead of `key`.
+/// - `mode`: `"write"` (default, exclusive) or `"read"` (shared with other
+///   readers; a waiting writer keeps new readers out).
 /// - `lease`: Redis TTL, renewed every lease/3 while the body runs. Default:
 ///   the client's (30 s).
 /// - `wait`: how long to wait for a busy lock before `Err(Timeout)`; `"0s"`
@@ -29,8 +33,16 @@ mod key_template;
 ///   running the body (a job scheduled on every instance).
 /// - `min_hold`: the lock stays taken at least this long after it was
 ///   acquired; an earlier release leaves it to expire then.
-/// - `max_hold`: renewals stop this long after acquisition and the hold
-///   counts as lost (`on_lost` applies). At least `lease` and `min_hold`.
+/// - `max_hold`: renewals stop this long after acquisition and the body is
+///   told `Err(MaxHoldReached)` (`on_lost` applies). At least `lease` and
+///   `min_hold`.
+/// - `fence`: `true` (default) hands the body a fencing token
+///   (`current_fence()`); `false` takes the lock without one, as cheaply as
+///   a bare `SET NX PX`.
+/// - `client = <expr>`: the client to lock with, an expression in the fn's
+///   scope of type `LockClient` or `&LockClient` (e.g. `client = app.locks`
+///   with `State(app): State<App>` in an axum handler). Default: the
+///   innermost `with_client` scope, else the global client of `init`.
 /// - `crate`: path of the runtime crate if it is renamed.
 ///
 /// The fn must be `async` and return `Result<T, E>` with

@@ -196,6 +196,20 @@ impl LockClientBuilder {
         .await
     }
 
+    /// One Redis server, connected on first use: see
+    /// [`LockClient::connect_lazy`]. Settings and the URL are checked here.
+    pub fn connect_lazy(self, url: &str) -> Result<LockClient, LockError> {
+        let config = self.without_acks("connect_lazy")?;
+        let io = Io::start()?;
+        crate::metrics::describe();
+        let backend = {
+            // Reconnects are spawned on the runtime the connection is made in.
+            let _rt = io.handle().enter();
+            RedisBackend::connect_lazy(url, config.node_settings(), io.handle())?
+        };
+        Ok(LockClient::from_parts(config, Backend::Redis(backend), io))
+    }
+
     /// Redlock over independent Redis servers; see [`LockClient::redlock`].
     pub async fn redlock(
         self,
@@ -320,6 +334,30 @@ impl LockClient {
     /// reached. Reconnects after a connection loss are automatic.
     pub async fn connect(url: &str) -> Result<LockClient, LockError> {
         Self::builder().connect(url).await
+    }
+
+    /// A client of one Redis server that connects on its first call, for a
+    /// service that must start while Redis is not up yet (start order in
+    /// Kubernetes, a Redis restart during a deploy): like
+    /// `sqlx::PgPool::connect_lazy`. Nothing is sent until a lock call;
+    /// a URL that does not parse is still [`LockError::Config`] at once.
+    ///
+    /// While Redis cannot be reached, each call fails as a connected
+    /// client's does when Redis goes away: within its `wait` (at least one
+    /// attempt of `op_timeout`), with [`LockError::Backend`]. Once Redis
+    /// answers, calls succeed; there is nothing to restart. A lazy client
+    /// releases by script (it does not ask the server for its own
+    /// compare-and-delete) and loads the scripts on first use.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), lock_runtime::LockError> {
+    /// // No Redis needed to build it:
+    /// let client = lock_runtime::LockClient::connect_lazy("redis://127.0.0.1:6379")?;
+    /// assert!(lock_runtime::LockClient::connect_lazy("not a url").is_err());
+    /// # drop(client); Ok(()) }
+    /// ```
+    pub fn connect_lazy(url: &str) -> Result<LockClient, LockError> {
+        Self::builder().connect_lazy(url)
     }
 
     /// Redlock over independent Redis servers (three or five; not replicas

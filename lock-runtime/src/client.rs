@@ -8,6 +8,7 @@ use crate::claims::{Claims, ORPHAN_AFTER};
 use crate::io::Io;
 use crate::key::LockName;
 use crate::protocol;
+use crate::shutdown::Shutdown;
 use crate::wakeups::Waiter;
 use crate::watchdog::Watchdog;
 use crate::LockError;
@@ -66,6 +67,8 @@ pub(crate) struct Inner {
     pub(crate) watchdog: Watchdog,
     /// This client's requests under way, which grants are handed to.
     pub(crate) claims: Arc<Claims>,
+    /// Closed ([`LockClient::close`]): no new locks.
+    pub(crate) shutdown: Arc<Shutdown>,
     /// Declared last: the I/O thread stops after everything above is gone.
     pub(crate) io: Io,
 }
@@ -173,6 +176,7 @@ impl LockClient {
                     }),
                 ),
                 id,
+                shutdown: Arc::default(),
                 backend: Arc::new(backend),
                 config,
                 watchdog: Watchdog::new(),
@@ -209,6 +213,7 @@ impl LockClient {
         deadline: Option<tokio::time::Instant>,
     ) {
         let client = self.clone();
+        let busy = self.inner.shutdown.background();
         self.inner.io.spawn(async move {
             match client.inner.backend.release(&name, &owner, deadline).await {
                 Ok(Released::NotOwner) => {
@@ -221,7 +226,7 @@ impl LockClient {
                     tracing::warn!(key = %name.key, error = %e, "background release failed; the lock expires with its lease")
                 }
             }
-            drop(client);
+            drop((client, busy));
         });
     }
 
@@ -248,11 +253,12 @@ impl LockClient {
         owner: Arc<str>,
     ) {
         let client = self.clone();
+        let busy = self.inner.shutdown.background();
         self.inner.io.spawn_behind(from, async move {
             if let Err(e) = client.inner.backend.undo(&name, &owner).await {
                 tracing::warn!(key = %name.key, error = %e, "taking back a lock attempt failed; what it took expires with its lease");
             }
-            drop(client);
+            drop((client, busy));
         });
     }
 
@@ -269,6 +275,7 @@ impl LockClient {
         deadline: Option<tokio::time::Instant>,
     ) {
         let client = self.clone();
+        let busy = self.inner.shutdown.background();
         self.inner.io.spawn(async move {
             let backend = &client.inner.backend;
             let out = match protocol::keep_for(until, tokio::time::Instant::now()) {
@@ -278,7 +285,7 @@ impl LockClient {
             if let Err(e) = out {
                 tracing::warn!(key = %name.key, error = %e, "background release failed; the lock expires with its lease");
             }
-            drop(client);
+            drop((client, busy));
         });
     }
 

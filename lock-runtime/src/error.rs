@@ -62,6 +62,12 @@ pub enum LockError {
         reason: String,
     },
 
+    /// The client was closed ([`LockClient::close`](crate::LockClient::close)):
+    /// it takes no new locks. The process is shutting down; another
+    /// instance can take the work.
+    #[error("the lock client was closed (LockClient::close): it takes no new locks while this process shuts down")]
+    Closed,
+
     /// A constructor or builder got settings it cannot use.
     #[error("invalid lock client configuration: {0}")]
     Config(String),

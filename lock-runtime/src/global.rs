@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::sync::OnceLock;
+use std::time::Duration;
 
 use crate::{LockClient, LockError};
 
@@ -24,6 +25,22 @@ pub fn init(client: LockClient) -> Result<(), LockError> {
     GLOBAL
         .set(client)
         .map_err(|_| LockError::AlreadyInitialized)
+}
+
+/// [`LockClient::close`] the client installed by [`init`], as a service
+/// shuts down; nothing if none was installed. Annotated fns called after
+/// it get `Err(LockError::Closed)`.
+///
+/// ```no_run
+/// # async fn demo() {
+/// // After the server's graceful shutdown, before the process exits:
+/// lock_runtime::close_global(std::time::Duration::from_secs(10)).await;
+/// # }
+/// ```
+pub async fn close_global(grace: Duration) {
+    if let Some(client) = GLOBAL.get() {
+        client.close(grace).await;
+    }
 }
 
 /// The client annotated fns use here: the innermost [`with_client`] scope

@@ -50,6 +50,16 @@
 //! message (`docs/HANDOFF.md`). After a release with nobody waiting
 //! nothing of the lock remains: no key is kept per lock name.
 //!
+//! # Start-up and shutdown
+//! [`LockClient::connect_lazy`] builds a client without I/O, so a service
+//! starts while Redis is not up yet; [`LockClient::close`] (or
+//! [`close_global`]) at shutdown releases what the client still holds
+//! after a grace period, so waiters elsewhere are served at once rather
+//! than after a lease. `#[distributed_lock(client = app.locks)]` takes the
+//! client from the fn's scope (an axum handler's state) instead of the
+//! global one. `docs/PRODUCTION.md` covers leases, outages, versions and
+//! ACLs.
+//!
 //! # Looking at locks and clearing them
 //! [`LockClient::inspect`] says who holds a key, for how long, and how many
 //! wait; [`LockClient::force_release`] clears a stuck holder and serves the
@@ -148,14 +158,19 @@
 //!
 //! ```ignore
 //! // features = ["axum"]
-//! async fn pay(State(client): State<LockClient>, Path(id): Path<u64>) -> Result<String, LockError> {
-//!     let guard = client.lock(format!("order:{id}")).wait(Duration::from_secs(2)).await?;
-//!     // … charge once …
-//!     guard.release().await?;
+//! #[derive(Clone)]
+//! struct App { locks: LockClient }
+//!
+//! #[distributed_lock(key = "order:{id}", wait = "2s", client = app.locks)]
+//! async fn pay(State(app): State<App>, Path(id): Path<u64>) -> Result<String, LockError> {
+//!     // … charge once, with lock_runtime::current_fence() …
 //!     Ok("paid".into())
 //! }
-//! let app = Router::new().route("/pay/{id}", post(pay)).with_state(client);
+//! let app = Router::new().route("/pay/{id}", post(pay)).with_state(App { locks });
 //! ```
+//!
+//! `examples/src/bin/axum-service.rs` runs it, with a lazy connect and
+//! `close` after the graceful shutdown.
 //!
 //! # Tracing
 //! Every request runs in a `lock.acquire` span (`key`, `lock`, `wait_ms`,
@@ -173,6 +188,7 @@ mod backend;
 mod builder;
 mod claims;
 mod client;
+mod close;
 mod error;
 mod glob;
 mod global;
@@ -192,6 +208,7 @@ mod response;
 mod run;
 mod scope;
 mod scripts;
+mod shutdown;
 mod slots;
 mod spans;
 mod wakeups;
@@ -213,7 +230,7 @@ pub use backend::memory::MemoryControl;
 pub use builder::LockClientBuilder;
 pub use client::LockClient;
 pub use error::{BackendError, LockError};
-pub use global::{client, init, with_client};
+pub use global::{client, close_global, init, with_client};
 pub use guard::LockGuard;
 pub use info::{LockInfo, LockMode};
 /// ```
@@ -246,6 +263,12 @@ pub use request::LockRequest;
 #[doc(hidden)]
 pub use run::{LockResult, SkipResult};
 pub use scope::{current_fence, current_fences};
+
+/// The README's Rust blocks, compiled (and, where they need no Redis, run)
+/// as doctests, so that what a new user copies cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+mod readme_doctests {}
 
 #[cfg(test)]
 mod readme {

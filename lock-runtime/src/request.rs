@@ -89,8 +89,10 @@ impl LockClient {
     /// a writer releases, every reader queued behind it gets the lock at
     /// once; the last reader out hands it to the next writer. No polling.
     ///
-    /// A reader's [`fence`](crate::LockGuard::fence) is the key's current
-    /// token (the last writer's); only writers raise it. In a scope that
+    /// The first reader of a fresh read hold takes a token above every
+    /// earlier writer's, and readers that join the hold share it
+    /// ([`fence`](crate::LockGuard::fence)); the next writer's is higher
+    /// still. In a scope that
     /// holds the write lock, a read lock of the same key re-enters it; in
     /// one that holds the read lock, asking for the write lock is
     /// [`LockError::UpgradeRefused`] at once, since waiting for the other
@@ -284,7 +286,7 @@ impl LockRequest {
         let label = self.label;
         let started = Instant::now();
         let out = if self.more.is_empty() {
-            self.acquire_in_span().await
+            self.acquire_open().await
         } else {
             self.acquire_all().await
         };
@@ -302,6 +304,9 @@ impl LockRequest {
             }
             Err(LockError::Lost { key } | LockError::MaxHoldReached { key, .. }) => {
                 spans::acquired(key, label, "lost", None, true);
+            }
+            Err(LockError::Closed) => {
+                spans::acquired("", label, "closed", None, false);
             }
             Err(_) => {
                 spans::acquired("", label, "failed", None, false);
@@ -338,7 +343,7 @@ impl LockRequest {
                 fence: self.fence,
                 label: self.label,
             };
-            match one.acquire_in_span().await {
+            match one.acquire_open().await {
                 Ok(guard) => held.push(guard),
                 Err(e) => {
                     // Dropped midway, the guards release in the background.
@@ -354,6 +359,31 @@ impl LockRequest {
         let mut held = held.into_iter();
         let first = held.next().expect("at least one key");
         Ok(first.with_rest(held.collect()))
+    }
+
+    /// One key, while the client is open. A request under way when the
+    /// client closes ends with `Closed` (what it queued or took is taken
+    /// back, as for any dropped request), and a lock granted just as it
+    /// closes is released again. Re-entering a hold of the caller's scope
+    /// still works: a body finishing in its grace period may need it.
+    async fn acquire_open(self) -> Result<LockGuard, LockError> {
+        let client = self.client.clone();
+        let shutdown = &client.inner.shutdown;
+        let out = tokio::select! {
+            biased;
+            out = self.acquire_in_span() => out,
+            () = shutdown.closed() => Err(LockError::Closed),
+        };
+        match out {
+            // Granted as the close began: the close may not have seen it.
+            Ok(guard) if !guard.is_reentry() && shutdown.is_closed() => {
+                if let Err(e) = guard.release().await {
+                    tracing::debug!(error = %e, "releasing a lock granted as the client closed");
+                }
+                Err(LockError::Closed)
+            }
+            out => out,
+        }
     }
 
     async fn acquire_in_span(self) -> Result<LockGuard, LockError> {
@@ -395,6 +425,9 @@ impl LockRequest {
         let scope = scope::current();
         if let Some(guard) = reenter(&client, &scope, &name, lease, read)? {
             return Ok(guard);
+        }
+        if client.inner.shutdown.is_closed() {
+            return Err(LockError::Closed);
         }
         // Unique to this acquisition: a repeated send is recognised, and a
         // clean-up can never touch another hold. A reader's says so, which

@@ -6,11 +6,12 @@
 //! |---|---|---|
 //! | `Timeout` | 503, `Retry-After` | someone else holds the lock; asking again later may work |
 //! | `Lost` | 503 | the work lost its exclusivity midway and was stopped (`on_lost = "abort"`); nothing is wrong with the request, so not a 409, and a retry of an idempotent handler is what a client should do |
+//! | `Closed` | 503 | this instance is shutting down ([`LockClient::close`](crate::LockClient::close)); another one can serve the request |
 //! | `MaxHoldReached` | 500 | the handler ran past its `max_hold` and was stopped: the server is slow or hung, asking again at once is unlikely to help |
 //! | anything else | 500 | a setting, the code (`UpgradeRefused`) or the lock service is broken; the client cannot help |
 //!
 //! The body is a small JSON object: `{"error": "lock_busy" | "lock_lost" |
-//! "lock_max_hold" | "lock_unavailable", "key": …, "message": …}` (`key` only where the error
+//! "lock_closed" | "lock_max_hold" | "lock_unavailable", "key": …, "message": …}` (`key` only where the error
 //! names one). It carries no credentials: messages redact passwords.
 
 use axum::http::{header, HeaderValue, StatusCode};
@@ -34,6 +35,7 @@ impl IntoResponse for LockError {
                 Some(key.as_str()),
                 None,
             ),
+            LockError::Closed => (StatusCode::SERVICE_UNAVAILABLE, "lock_closed", None, None),
             LockError::MaxHoldReached { key, .. } => (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "lock_max_hold",

@@ -4,12 +4,17 @@
 //! watchdog renews every lock that would fall due before the next tick, in
 //! one batch (one pipelined round trip per Redis node), so a client holding
 //! many locks sends one request per tick, not one per lock.
+//!
+//! A round that waits for a slow answer blinds nothing: the holds it sent
+//! wait for it (no longer than the earliest of their deadlines), while the
+//! others, and holds taken meanwhile, go out in rounds of their own.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -39,8 +44,10 @@ struct Shared {
     next_tick: AtomicU64,
     /// The task that renews (see [`Watchdog::start`]).
     task: Mutex<Task>,
-    /// The client is gone: the task ends.
+    /// The client is gone or closed: the task ends.
     closed: AtomicBool,
+    /// Told when the last entry leaves (see [`Watchdog::idle`]).
+    emptied: Notify,
 }
 
 struct Entry {
@@ -52,7 +59,8 @@ struct Entry {
     timing: Renewing<Instant>,
     lost: Arc<LostSignal>,
     /// (tick number, place in that tick's batch): matches the tick's
-    /// outcomes back without a lookup per lock.
+    /// outcomes back without a lookup per lock, and says whether the round
+    /// that sent it last is still out.
     slot: (u64, u32),
 }
 
@@ -93,6 +101,8 @@ pub(crate) enum Ended {
     Lost = 1,
     /// It was held for its `max_hold`: renewals stopped on purpose.
     MaxHold = 2,
+    /// The client was closed while it was held: released by the close.
+    Closed = 3,
 }
 
 impl LostSignal {
@@ -115,6 +125,7 @@ impl LostSignal {
         match self.ended.load(Ordering::Acquire) {
             0 => None,
             2 => Some(Ended::MaxHold),
+            3 => Some(Ended::Closed),
             _ => Some(Ended::Lost),
         }
     }
@@ -192,6 +203,7 @@ impl Watchdog {
                 next_tick: AtomicU64::new(1),
                 task: Mutex::default(),
                 closed: AtomicBool::new(false),
+                emptied: Notify::new(),
             }),
         }
     }
@@ -280,8 +292,41 @@ impl Watchdog {
         let mut deadline = None;
         if entries.get(&key).is_some_and(|e| e.id == held.id) {
             deadline = entries.remove(&key).map(|e| e.timing.deadline);
+            if entries.is_empty() {
+                self.shared.emptied.notify_waiters();
+            }
         }
         Left { was_lost, deadline }
+    }
+
+    /// Resolves once no lock is being renewed.
+    pub(crate) async fn idle(&self) {
+        loop {
+            let notified = self.shared.emptied.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.shared.entries.lock().unwrap().is_empty() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Stop for good (the client is closed): every lock still renewed is
+    /// given up, its holder told it is lost, and returned to be released.
+    /// The task ends, and a hold taken after this is not renewed.
+    pub(crate) fn close(&self) -> Vec<Renewal> {
+        self.shared.closed.store(true, Ordering::Release);
+        let entries = std::mem::take(&mut *self.shared.entries.lock().unwrap());
+        self.shared.wake.notify_one();
+        self.shared.emptied.notify_waiters();
+        entries
+            .into_values()
+            .map(|e| {
+                e.lost.end(Ended::Closed);
+                e.renewal
+            })
+            .collect()
     }
 
     /// Whether `owner`'s lock under `hash` is being renewed.
@@ -370,6 +415,14 @@ async fn run(shared: Arc<Shared>, backend: Arc<Backend>, generation: u64) {
             task.stray |= crate::io::on_fallback();
         }
     }
+    // Rounds out at once: one that waits for a slow answer does not keep
+    // the others, nor holds taken meanwhile, from being renewed, or from
+    // being declared lost at their deadlines. Their tick numbers: a hold
+    // whose last round is among them waits for it. They belong to this
+    // task: if it is dropped, so are they, and the next task sends their
+    // holds again.
+    let mut rounds = FuturesUnordered::new();
+    let mut out: Vec<u64> = Vec::new();
     loop {
         let notified = shared.wake.notified();
         tokio::pin!(notified);
@@ -381,32 +434,65 @@ async fn run(shared: Arc<Shared>, backend: Arc<Backend>, generation: u64) {
         }
         let next = {
             let entries = shared.entries.lock().unwrap();
-            let next = entries.values().map(Entry::due).min();
+            let next = entries
+                .values()
+                .filter(|e| !out.contains(&e.slot.0))
+                .map(Entry::due)
+                .min();
             *shared.scheduled.lock().unwrap() = next;
             next
         };
-        match next {
-            Some(at) => tokio::select! {
-                _ = tokio::time::sleep_until(at) => tick(&shared, &backend).await,
-                _ = notified => {}
-            },
-            None => notified.await,
+        let sleep = tokio::time::sleep_until(next.unwrap_or_else(Instant::now));
+        tokio::select! {
+            () = sleep, if next.is_some() => {
+                if let Some(round) = Round::start(&shared, &out) {
+                    out.push(round.tick_no);
+                    let (shared, backend) = (shared.clone(), backend.clone());
+                    rounds.push(async move { round.finish(&shared, &backend).await });
+                }
+            }
+            Some(tick_no) = rounds.next(), if !rounds.is_empty() => {
+                out.retain(|&t| t != tick_no);
+            }
+            () = notified => {}
         }
     }
 }
 
+/// One renewal round: the holds it sends, which no other round sends
+/// until it returns.
+struct Round {
+    tick_no: u64,
+    batch: Vec<Renewal>,
+    /// Its holds' earliest deadline: the round waits no longer.
+    earliest_deadline: Option<Instant>,
+}
+
+/// Start a round and wait for it (the task keeps several out at once).
+#[cfg(test)]
 async fn tick(shared: &Shared, backend: &Backend) {
-    let now = Instant::now();
-    // Each entry sent remembers its place in this tick's batch, so the
-    // outcomes are matched back without a lookup per lock (with 100k locks
-    // held, lookups were most of the watchdog's time).
-    let tick_no = shared.next_tick.fetch_add(1, Ordering::Relaxed);
-    let (batch, earliest_deadline): (Vec<Renewal>, Option<Instant>) = {
+    if let Some(round) = Round::start(shared, &[]) {
+        round.finish(shared, backend).await;
+    }
+}
+
+impl Round {
+    /// The holds due now that none of the rounds `out` sent (`None`:
+    /// there are none); holds past their `max_hold` end here.
+    fn start(shared: &Shared, out: &[u64]) -> Option<Round> {
+        let now = Instant::now();
+        // Each entry sent remembers its place in this round's batch, so the
+        // outcomes are matched back without a lookup per lock (with 100k
+        // locks held, lookups were most of the watchdog's time).
+        let tick_no = shared.next_tick.fetch_add(1, Ordering::Relaxed);
         let mut entries = shared.entries.lock().unwrap();
-        let mut batch = Vec::with_capacity(entries.len());
+        let mut batch = Vec::new();
         let mut earliest = None::<Instant>;
         let mut ended = Vec::new();
         for (key, e) in entries.iter_mut() {
+            if out.contains(&e.slot.0) {
+                continue;
+            }
             match e.timing.tick(now, e.renewal.lease) {
                 // `max_hold` reached: renewals stop, and the hold is over.
                 Tick::MaxHold => {
@@ -429,71 +515,89 @@ async fn tick(shared: &Shared, backend: &Backend) {
         for key in ended {
             entries.remove(&key);
         }
-        (batch, earliest)
-    };
-    if batch.is_empty() {
-        return;
+        if entries.is_empty() {
+            shared.emptied.notify_waiters();
+        }
+        (!batch.is_empty()).then_some(Round {
+            tick_no,
+            batch,
+            earliest_deadline: earliest,
+        })
     }
-    let sent_at = Instant::now();
-    // Never wait past the point where a lock must be declared lost.
-    let limit = earliest_deadline
-        .map(|d| d.saturating_duration_since(sent_at))
-        .unwrap_or_default()
-        .max(Duration::from_millis(5));
-    // Deadlines are booked from the lease this tick sends, whatever the
-    // entry asks for by the time the answer comes.
-    let leases: Vec<Duration> = batch.iter().map(|r| r.lease).collect();
-    // No answer in time leaves every outcome missing: handled as a failure.
-    let mut outcomes: Vec<Renewed> = tokio::time::timeout(limit, backend.renew(batch))
-        .await
-        .unwrap_or_default();
-    let now = Instant::now();
-    let mut entries = shared.entries.lock().unwrap();
-    let mut gone = Vec::new();
-    for (key, entry) in entries.iter_mut() {
-        if entry.slot.0 != tick_no {
-            // Not in this batch, or taken since the batch was built.
-            continue;
+
+    /// Send the batch and book what came back (or did not, by the earliest
+    /// deadline). Returns the round's tick number.
+    async fn finish(self, shared: &Shared, backend: &Backend) -> u64 {
+        let Round {
+            tick_no,
+            batch,
+            earliest_deadline,
+        } = self;
+        let sent_at = Instant::now();
+        // Never wait past the point where a lock must be declared lost.
+        let limit = earliest_deadline
+            .map(|d| d.saturating_duration_since(sent_at))
+            .unwrap_or_default()
+            .max(Duration::from_millis(5));
+        // Deadlines are booked from the lease this round sends, whatever the
+        // entry asks for by the time the answer comes.
+        let leases: Vec<Duration> = batch.iter().map(|r| r.lease).collect();
+        // No answer in time leaves every outcome missing: handled as a failure.
+        let mut outcomes: Vec<Renewed> = tokio::time::timeout(limit, backend.renew(batch))
+            .await
+            .unwrap_or_default();
+        let now = Instant::now();
+        let mut entries = shared.entries.lock().unwrap();
+        let mut gone = Vec::new();
+        for (key, entry) in entries.iter_mut() {
+            if entry.slot.0 != tick_no {
+                // Not in this round, or taken since the round was built.
+                continue;
+            }
+            let i = entry.slot.1 as usize;
+            let sent = leases[i];
+            let outcome = outcomes
+                .get_mut(i)
+                .map(|o| std::mem::replace(o, Renewed::Yes));
+            let verdict = match &outcome {
+                Some(Renewed::Yes) => Verdict::Renewed,
+                Some(Renewed::NotOwner) => Verdict::NotOwner,
+                _ => Verdict::NoAnswer,
+            };
+            let lost = entry.timing.answered(
+                verdict,
+                (sent_at, sent),
+                entry.renewal.lease,
+                backend.drift(sent),
+                now,
+            );
+            match (&outcome, lost) {
+                (Some(Renewed::NotOwner), _) => {
+                    tracing::warn!(key = %entry.renewal.name.key, "lock lost: Redis no longer has it for this holder");
+                }
+                (_, true) => {
+                    tracing::warn!(key = %entry.renewal.name.key, "lock lost: lease ran out while renewals failed");
+                }
+                (Some(Renewed::Failed(e)), false) => {
+                    tracing::debug!(key = %entry.renewal.name.key, error = %e, "lock renewal failed; retrying");
+                }
+                (None, false) => {
+                    tracing::debug!(key = %entry.renewal.name.key, "lock renewal got no answer in time; retrying");
+                }
+                (Some(Renewed::Yes), false) => {}
+            }
+            if lost {
+                entry.lost.set();
+                gone.push(key.clone());
+            }
         }
-        let i = entry.slot.1 as usize;
-        let sent = leases[i];
-        let outcome = outcomes
-            .get_mut(i)
-            .map(|o| std::mem::replace(o, Renewed::Yes));
-        let verdict = match &outcome {
-            Some(Renewed::Yes) => Verdict::Renewed,
-            Some(Renewed::NotOwner) => Verdict::NotOwner,
-            _ => Verdict::NoAnswer,
-        };
-        let lost = entry.timing.answered(
-            verdict,
-            (sent_at, sent),
-            entry.renewal.lease,
-            backend.drift(sent),
-            now,
-        );
-        match (&outcome, lost) {
-            (Some(Renewed::NotOwner), _) => {
-                tracing::warn!(key = %entry.renewal.name.key, "lock lost: Redis no longer has it for this holder");
-            }
-            (_, true) => {
-                tracing::warn!(key = %entry.renewal.name.key, "lock lost: lease ran out while renewals failed");
-            }
-            (Some(Renewed::Failed(e)), false) => {
-                tracing::debug!(key = %entry.renewal.name.key, error = %e, "lock renewal failed; retrying");
-            }
-            (None, false) => {
-                tracing::debug!(key = %entry.renewal.name.key, "lock renewal got no answer in time; retrying");
-            }
-            (Some(Renewed::Yes), false) => {}
+        for key in gone {
+            entries.remove(&key);
         }
-        if lost {
-            entry.lost.set();
-            gone.push(key.clone());
+        if entries.is_empty() {
+            shared.emptied.notify_waiters();
         }
-    }
-    for key in gone {
-        entries.remove(&key);
+        tick_no
     }
 }
 
@@ -557,5 +661,59 @@ mod tests {
             entry.timing.next_due,
             sent_at + crate::protocol::interval(short)
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_round_out_does_not_keep_a_new_hold_from_being_declared_lost_at_its_deadline() {
+        let dog = Watchdog::new();
+        let gate = Arc::new(Gate::default());
+        let backend = Arc::new(Backend::Fake(gate.clone()));
+        let renewal = |key: &str, lease: u64| Renewal {
+            name: LockName::new("lock:", key).unwrap(),
+            owner: format!("o:{key}").into(),
+            lease: Duration::from_secs(lease),
+        };
+        let _long = dog.insert(renewal("long", 30), Instant::now(), Duration::ZERO, None);
+        tokio::spawn(run(dog.shared.clone(), backend, 0));
+        // The long hold's round goes out and is never answered (a slow
+        // connection): it waits until that hold's deadline, 30 s away.
+        gate.sent.notified().await;
+        let granted = Instant::now();
+        let short = dog.insert(renewal("short", 1), granted, Duration::ZERO, None);
+        let told = tokio::time::timeout(Duration::from_secs(5), short.lost()).await;
+        assert!(
+            told.is_ok(),
+            "a 1 s hold taken while a round was out was not declared lost 5 s later"
+        );
+        assert_eq!(
+            Instant::now() - granted,
+            Duration::from_secs(1),
+            "declared lost at its deadline"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_round_dropped_with_its_task_leaves_its_holds_to_the_next_task() {
+        let dog = Watchdog::new();
+        let gate = Arc::new(Gate::default());
+        let backend = Arc::new(Backend::Fake(gate.clone()));
+        let renewal = Renewal {
+            name: LockName::new("lock:", "k").unwrap(),
+            owner: "o".into(),
+            lease: Duration::from_secs(3),
+        };
+        let held = dog.insert(renewal, Instant::now(), Duration::ZERO, None);
+        let first = tokio::spawn(run(dog.shared.clone(), backend, 0));
+        gate.sent.notified().await;
+        // The task goes (its runtime shut down, say) with the round out;
+        // the task that takes over must send the hold again.
+        first.abort();
+        let _ = first.await;
+        let sent = tokio::time::timeout(Duration::from_millis(900), gate.sent.notified()).await;
+        assert!(
+            sent.is_ok(),
+            "the hold of the dropped round was never sent again"
+        );
+        assert!(!held.is_lost());
     }
 }

@@ -28,10 +28,12 @@ use output::Output;
 struct Cli {
     /// Redis URL (`redis://`, `rediss://`, `redis://user:password@host:port/db`);
     /// several, comma-separated, with --cluster or --redlock, or the
-    /// sentinels' with --sentinel. Without it (and without $REDIS_URL) the
-    /// deployment comes from LOCK_REDIS_URL, LOCK_REDIS_SENTINELS +
-    /// LOCK_REDIS_MASTER, LOCK_REDIS_CLUSTER or LOCK_REDIS_REDLOCK.
-    #[arg(long, env = "REDIS_URL", global = true, hide_env_values = true)]
+    /// sentinels' with --sentinel. Without it the deployment comes from the
+    /// environment exactly as `LockClient::from_env` reads it:
+    /// LOCK_REDIS_URL, LOCK_REDIS_SENTINELS + LOCK_REDIS_MASTER,
+    /// LOCK_REDIS_CLUSTER or LOCK_REDIS_REDLOCK, else REDIS_URL (with
+    /// --cluster, --redlock or --sentinel: the URLs in REDIS_URL).
+    #[arg(long, global = true)]
     url: Option<String>,
 
     /// The URLs are Redis Cluster nodes (listing scans every primary).
@@ -199,9 +201,17 @@ async fn connect(cli: &Cli) -> Result<LockClient, String> {
             .map_err(|e| format!("cannot read the CA file {}: {e}", path.display()))?;
         builder = builder.tls_root_ca(&pem);
     }
+    // Without --url, the library's own reading of the environment (its
+    // variables before REDIS_URL); REDIS_URL alone only lists the nodes
+    // of the kind a flag names.
+    let kind_flag = cli.cluster || cli.redlock || cli.sentinel.is_some();
+    let from_env = (cli.url.is_none() && kind_flag)
+        .then(|| std::env::var("REDIS_URL").ok())
+        .flatten();
     let urls: Vec<&str> = cli
         .url
         .as_deref()
+        .or(from_env.as_deref())
         .unwrap_or_default()
         .split(',')
         .map(str::trim)

@@ -41,6 +41,14 @@ impl Run {
 /// Run `lockctl args` (off the async runtime), with `REDIS_URL` set to
 /// `env_url` if given and unset otherwise.
 async fn lockctl(env_url: Option<&str>, args: &[&str]) -> Run {
+    match env_url {
+        Some(url) => lockctl_with(&[("REDIS_URL", url)], args).await,
+        None => lockctl_with(&[], args).await,
+    }
+}
+
+/// Run `lockctl args` with exactly these of the deployment variables set.
+async fn lockctl_with(vars: &[(&str, &str)], args: &[&str]) -> Run {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_lockctl"));
     cmd.args(args);
     for var in [
@@ -53,8 +61,8 @@ async fn lockctl(env_url: Option<&str>, args: &[&str]) -> Run {
     ] {
         cmd.env_remove(var);
     }
-    if let Some(url) = env_url {
-        cmd.env("REDIS_URL", url);
+    for (k, v) in vars {
+        cmd.env(k, v);
     }
     tokio::task::spawn_blocking(move || {
         let started = Instant::now();
@@ -420,4 +428,40 @@ async fn release_of_one_holder_leaves_a_holder_that_took_over() {
     assert_eq!(v["holder"], next.holder());
     assert!(v["after"].is_null(), "{v}");
     assert!(matches!(next.release().await, Err(LockError::Lost { .. })));
+}
+
+/// A service whose environment has both `REDIS_URL` and `LOCK_REDIS_URL`
+/// (two different servers): `lockctl` without `--url` looks at the one
+/// `LockClient::from_env` locks on, and finds the service's lock there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_url_lockctl_reads_the_environment_as_the_library_does() {
+    let (general, locks) = (RedisServer::start(), RedisServer::start());
+    let vars = [
+        ("REDIS_URL", general.url()),
+        ("LOCK_REDIS_URL", locks.url()),
+    ];
+    // The library, as a service configured so would build it (no other
+    // test of this binary reads these variables in-process).
+    for (k, v) in &vars {
+        std::env::set_var(k, v);
+    }
+    let service = LockClient::from_env().await;
+    for (k, _) in &vars {
+        std::env::remove_var(k);
+    }
+    let service = service.unwrap();
+    let key = unique("cli-env");
+    let guard = service.lock(&key).await.unwrap();
+    assert!(
+        locks.exists(&format!("lock:{{{key}}}")),
+        "the library locks on LOCK_REDIS_URL"
+    );
+    let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let run = lockctl_with(&vars, &["--json", "show", &key]).await;
+    assert_eq!(run.code, 0, "lockctl looked elsewhere: {run:?}");
+    assert_shows(&run.one(), &guard, 0);
+    // `--url` still comes first.
+    let run = lockctl_with(&vars, &["--url", &general.url(), "show", &key]).await;
+    assert_eq!(run.code, 1, "{run:?}");
+    guard.release().await.unwrap();
 }

@@ -372,3 +372,144 @@ async fn a_busy_wait_whose_server_goes_silent_ends_as_timeout_in_time() {
         "a {wait:?} wait took {took:?}"
     );
 }
+
+/// A renewal round waiting on a slow connection must not blind the
+/// watchdog. The I/O thread's connection (renewals) turns slow; a 1 s hold
+/// taken meanwhile over the caller's connection (fast) lapses in Redis at
+/// its deadline: its holder must be told `Lost` by then, and before another
+/// client gets the key, not when the slow round returns seconds later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_taken_while_a_renewal_round_is_out_is_declared_lost_at_its_deadline() {
+    tests::init_tracing();
+    let server = RedisServer::start();
+    let proxy = Proxy::for_server(&server);
+    proxy.spare_pubsub();
+    let a = LockClient::builder()
+        .op_timeout(Duration::from_secs(10))
+        .connect(&proxy.url())
+        .await
+        .unwrap();
+    let b = LockClient::connect(&server.url()).await.unwrap();
+    // The first renewal turns its connection, the I/O thread's, slow: its
+    // replies come 30 s late.
+    proxy.slow_connection_of(&renew_sha(), Duration::ZERO, Duration::from_secs(30));
+    let long_lease = Duration::from_secs(8);
+    let _long = a
+        .lock(unique("round-out-long"))
+        .lease(long_lease)
+        .await
+        .unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || proxy.stats().slowed == 1).await,
+        "the renewal never went out"
+    );
+    // That round waits until the long hold's deadline, about 5 s from now.
+    let round_out = Instant::now();
+    let key = unique("round-out-short");
+    let lease = Duration::from_secs(1);
+    let sent = Instant::now();
+    // From a task: its commands go over its runtime's connection (the
+    // test body itself, polled by `block_on`, is served by the I/O
+    // thread's).
+    let short = {
+        let (a, key) = (a.clone(), key.clone());
+        tokio::spawn(async move { a.lock(&key).lease(lease).await })
+    };
+    let short = Arc::new(short.await.unwrap().unwrap());
+    assert!(
+        sent.elapsed() < Duration::from_millis(500),
+        "the caller's connection was slow too: the scenario did not happen"
+    );
+    let b_task = {
+        let (b, key, short) = (b.clone(), key.clone(), short.clone());
+        tokio::spawn(async move {
+            let g = b.lock(&key).wait(Duration::from_secs(15)).await;
+            // Looked at before anything else: was the first holder told?
+            let told = short.is_lost();
+            (g.map(|g| g.fence()), told, sent.elapsed())
+        })
+    };
+    let lost = tokio::time::timeout(Duration::from_secs(15), short.lost()).await;
+    let lost_after = sent.elapsed();
+    assert!(lost.is_ok(), "the 1 s hold was never declared lost");
+    // The deadline is `lease` after the acquire was sent; margin for a
+    // loaded machine, well short of the round's return.
+    assert!(
+        lost_after < lease + Duration::from_millis(500),
+        "the 1 s hold was declared lost {lost_after:?} after it was taken (the slow round went out {:?} before it)",
+        sent - round_out
+    );
+    let (b_got, told, b_after) = b_task.await.unwrap();
+    println!(
+        "declared lost {lost_after:?} after the acquire was sent; b got the key {b_after:?} after"
+    );
+    assert!(b_got.is_ok(), "b never got the lapsed lock: {b_got:?}");
+    assert!(
+        told,
+        "b took the key {b_after:?} after a's acquire while a's guard still said it held it"
+    );
+}
+
+/// Every reply takes 0.6 × `op_timeout`: each command is answered within
+/// its operation timeout, so nothing may fail. Locks are taken, renewed
+/// (held past their lease) and released for a few seconds by four tasks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_slower_than_half_the_op_timeout_fail_no_call_and_lose_no_lock() {
+    tests::init_tracing();
+    let server = RedisServer::start();
+    let proxy = Proxy::for_server(&server);
+    let op_timeout = Duration::from_secs(1);
+    let client = LockClient::builder()
+        .op_timeout(op_timeout)
+        .connect(&proxy.url())
+        .await
+        .unwrap();
+    proxy.set(Mode::DelayReplies(op_timeout.mul_f64(0.6)));
+    let until = Instant::now() + Duration::from_secs(8);
+    let lease = Duration::from_secs(2);
+    let tasks: Vec<_> = (0..4)
+        .map(|t| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                let (mut held, mut failed) = (0, Vec::new());
+                let mut round = 0;
+                while Instant::now() < until {
+                    round += 1;
+                    let key = unique(&format!("slow-replies-{t}"));
+                    let g = match client
+                        .lock(&key)
+                        .lease(lease)
+                        .wait(Duration::from_secs(5))
+                        .await
+                    {
+                        Ok(g) => g,
+                        Err(e) => {
+                            failed.push(format!("task {t} round {round}: lock: {e}"));
+                            continue;
+                        }
+                    };
+                    // Past the lease: only answered renewals keep it.
+                    tokio::time::sleep(lease + Duration::from_millis(800)).await;
+                    if g.is_lost() {
+                        failed.push(format!("task {t} round {round}: declared lost"));
+                    }
+                    match g.release().await {
+                        Ok(()) => held += 1,
+                        Err(e) => failed.push(format!("task {t} round {round}: release: {e}")),
+                    }
+                }
+                (held, failed)
+            })
+        })
+        .collect();
+    let (mut held, mut failed) = (0, Vec::new());
+    for t in tasks {
+        let (h, f) = t.await.unwrap();
+        held += h;
+        failed.extend(f);
+    }
+    proxy.set(Mode::Pass);
+    println!("held and released {held}, failed {}", failed.len());
+    assert!(failed.is_empty(), "{} failed: {failed:#?}", failed.len());
+    assert!(held >= 4, "only {held} locks held");
+}

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lock_runtime::{distributed_lock, LockClient, LockError};
+use tests::proxy::{Mode, Proxy};
 use tests::{spawn_tied, unique, RedisServer};
 
 const N: usize = 5;
@@ -62,7 +63,13 @@ async fn quorum_verdict_for_every_up_down_mask() {
             nodes[i].pause();
         }
         let key = unique(&format!("mask{mask:02}"));
-        let out = client.lock(&key).lease(Duration::from_secs(5)).await;
+        // A paused node is a slow one: a call keeps trying while it has
+        // wait left (here short, for the masks without a majority).
+        let out = client
+            .lock(&key)
+            .lease(Duration::from_secs(5))
+            .wait(Duration::from_millis(500))
+            .await;
         let up = N - down.len();
         match out {
             Ok(guard) => {
@@ -395,4 +402,56 @@ async fn a_release_of_an_unmarked_lock_wakes_redlock_waiters() {
     let released = tests::scripts::release(&mut node.conn(), &key, "a:1", "a");
     assert_eq!(released, 1);
     assert!(sub.get_message().is_ok(), "the waiter was not woken");
+}
+
+/// Nodes that answer slowly, not refuse: a call with wait left keeps
+/// trying, and takes the lock once they answer in time again. Every node
+/// behind a proxy that holds replies back for longer than `op_timeout`,
+/// then lets them through; nothing else holds the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_with_wait_left_keeps_trying_while_nodes_answer_slowly() {
+    tests::init_tracing();
+    let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let proxies: Vec<Proxy> = nodes.iter().map(Proxy::for_server).collect();
+    let op_timeout = Duration::from_millis(600);
+    let client = LockClient::builder()
+        .op_timeout(op_timeout)
+        .redlock(proxies.iter().map(Proxy::url).collect::<Vec<_>>())
+        .await
+        .expect("connect Redlock");
+    for p in &proxies {
+        p.set(Mode::DelayReplies(op_timeout * 3));
+    }
+    let key = unique("slow-nodes");
+    let wait = Duration::from_secs(12);
+    let task = {
+        let (client, key) = (client.clone(), key.clone());
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let out = client
+                .lock(&key)
+                .lease(Duration::from_secs(10))
+                .wait(wait)
+                .await;
+            (out, started.elapsed())
+        })
+    };
+    // Slow for five operation timeouts (each try: a vote, then the undo).
+    tokio::time::sleep(op_timeout * 5).await;
+    let early = task.is_finished();
+    for p in &proxies {
+        p.set(Mode::Pass);
+    }
+    let (out, took) = task.await.unwrap();
+    assert!(
+        !early,
+        "the call ended while the nodes were slow: {out:?} after {took:?}"
+    );
+    let guard = out.unwrap_or_else(|e| panic!("a call with wait left failed after {took:?}: {e}"));
+    println!(
+        "took the lock {took:?} after asking, with nodes slow for the first {:?}",
+        op_timeout * 5
+    );
+    assert!(took < wait, "{took:?}");
+    guard.release().await.unwrap();
 }

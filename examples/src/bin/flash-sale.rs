@@ -65,6 +65,10 @@ struct ServeArgs {
     /// Pause between reading and writing the stock, in ms.
     #[arg(long, default_value_t = 5)]
     race_delay_ms: u64,
+    /// The demo's paused holder: the first locked sale stops this process
+    /// with SIGSTOP just before its write (send SIGCONT to resume).
+    #[arg(long)]
+    pause_before_write: bool,
     /// Put items on sale at start-up: `--seed item-1=100` (repeatable).
     /// Resets their orders.
     #[arg(long, value_parser = parse_seed)]
@@ -178,6 +182,7 @@ async fn serve(args: ServeArgs) -> Result<(), scenario::Error> {
         instance: args.instance,
         locked: !args.unsafe_mode,
         race_delay: Duration::from_millis(args.race_delay_ms),
+        pause_before_write: args.pause_before_write.into(),
     });
     if args.unsafe_mode {
         tracing::info!(instance = %shop.instance, "--unsafe: orders are NOT locked; this instance can oversell");
@@ -187,6 +192,9 @@ async fn serve(args: ServeArgs) -> Result<(), scenario::Error> {
     // (the demo does).
     println!("listening on http://{}", listener.local_addr()?);
     service::serve(listener, shop, service::shutdown_signal()).await?;
+    // The requests in flight are done: hand any lock still held to the
+    // next instance now, not one lease from now.
+    lock_runtime::close_global(Duration::from_secs(5)).await;
     Ok(())
 }
 
@@ -233,6 +241,7 @@ async fn demo(args: DemoArgs) -> Result<ExitCode, scenario::Error> {
         },
         progress: true,
         child_log: "warn".into(),
+        paused_holder: true,
     };
     let source = if temp_redis.is_some() {
         " (temporary redis-server)"

@@ -29,6 +29,27 @@ pub struct PhaseReport {
     pub load: LoadResult,
     /// Lock figures the instances' `/metrics` showed (locked run).
     pub lock: Option<LockFigures>,
+    /// The paused holder's sale (locked run on Redis).
+    pub paused: Option<PausedHolder>,
+}
+
+/// One instance paused (SIGSTOP) past its lease just before its write,
+/// while another instance took the lock and sold the one unit of an item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PausedHolder {
+    /// Units of the item on sale (1).
+    pub stock: i64,
+    /// Order records written for it.
+    pub sold: u64,
+    /// Writes the store refused for their older token.
+    pub refused: u64,
+}
+
+impl PausedHolder {
+    /// The stale write did not go through.
+    pub fn correct(&self) -> bool {
+        self.sold as i64 <= self.stock
+    }
 }
 
 impl PhaseReport {
@@ -44,12 +65,13 @@ impl PhaseReport {
             duplicates: audits.iter().map(|a| a.duplicate_buyers).sum(),
             load,
             lock: None,
+            paused: None,
         }
     }
 
     /// No overselling and no duplicate purchases.
     pub fn correct(&self) -> bool {
-        self.oversold == 0 && self.duplicates == 0
+        self.oversold == 0 && self.duplicates == 0 && self.paused.is_none_or(|p| p.correct())
     }
 
     /// One word for the table.
@@ -136,6 +158,16 @@ pub fn render(reports: &[PhaseReport]) -> String {
             reports.iter().map(|r| r.load.other.to_string()).collect(),
         ),
         (
+            "paused holder: stale writes refused",
+            reports
+                .iter()
+                .map(|r| match r.paused {
+                    Some(p) => format!("{} (sold {} of {})", p.refused, p.sold, p.stock),
+                    None => "-".to_owned(),
+                })
+                .collect(),
+        ),
+        (
             "latency p50",
             reports
                 .iter()
@@ -199,6 +231,7 @@ mod tests {
             stock_counter: 0,
             sold,
             duplicate_buyers,
+            stale_refused: 0,
         }
     }
 

@@ -9,8 +9,8 @@ use lock_runtime::LockClient;
 
 use super::loadgen::{self, LoadConfig};
 use super::lock_figures;
-use super::report::PhaseReport;
-use super::service::{self, Shop};
+use super::report::{PausedHolder, PhaseReport};
+use super::service::{self, OrderRequest, Shop};
 use super::spawn::{InstanceSpec, Instances};
 use super::store::{Audit, Store};
 
@@ -59,6 +59,10 @@ pub struct Scenario {
     pub progress: bool,
     /// `RUST_LOG` of instance processes when none is set.
     pub child_log: String,
+    /// After the locked crowd (Redis only): pause one instance with
+    /// SIGSTOP past its lease just before its write, let another sell the
+    /// unit meanwhile, and show the store refusing the stale write.
+    pub paused_holder: bool,
 }
 
 /// `item-1`, `item-2`, …
@@ -81,6 +85,7 @@ pub async fn run_phase(
         store.seed(item, scenario.stock).await?;
     }
     let mut figures = None;
+    let mut paused = None;
     let load = match backend {
         Backend::Redis { url, exe } => {
             let spec = InstanceSpec {
@@ -89,6 +94,7 @@ pub async fn run_phase(
                 locked,
                 race_delay: scenario.race_delay,
                 log: scenario.child_log.clone(),
+                pause_first: false,
             };
             let instances = Instances::start(&spec, scenario.instances).await?;
             let load =
@@ -97,6 +103,9 @@ pub async fn run_phase(
                 figures = Some(lock_figures::read(instances.urls()).await);
             }
             instances.stop().await;
+            if locked && scenario.paused_holder {
+                paused = Some(paused_holder(&spec).await?);
+            }
             load
         }
         Backend::Memory(store) => {
@@ -117,6 +126,7 @@ pub async fn run_phase(
                     instance: format!("flash-{i}"),
                     locked,
                     race_delay: scenario.race_delay,
+                    pause_before_write: false.into(),
                 });
                 let mut stop = stop_rx.clone();
                 servers.push(tokio::spawn(service::serve(listener, shop, async move {
@@ -145,7 +155,90 @@ pub async fn run_phase(
     }
     let mut report = PhaseReport::new(label, locked, &audits, load);
     report.lock = figures;
+    report.paused = paused;
     Ok(report)
+}
+
+/// The paused holder (see [`Scenario::paused_holder`]): two locked
+/// instances and an item with one unit. The first instance takes the lock,
+/// reads, and stops itself (SIGSTOP) just before its write; the second
+/// waits for the lock until the paused holder's lease lapses, then sells
+/// the unit; the first is resumed (SIGCONT) and its write, with the older
+/// token, reaches the store, which refuses it.
+async fn paused_holder(spec: &InstanceSpec) -> Result<PausedHolder, Error> {
+    const ITEM: &str = "paused-item";
+    let store = Store::connect(&spec.redis_url).await?;
+    store.seed(ITEM, 1).await?;
+    let spec = InstanceSpec {
+        pause_first: true,
+        ..spec.clone()
+    };
+    let instances = Instances::start(&spec, 2).await?;
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()?;
+    let order = |base: &str, user: &str| {
+        http.post(format!("{base}/orders")).json(&OrderRequest {
+            user: user.to_owned(),
+            item: ITEM.to_owned(),
+        })
+    };
+    let paused_buyer = tokio::spawn(order(&instances.urls()[0], "paused-buyer").send());
+    let pid = instances.pid(0);
+    wait_until_stopped(pid, Duration::from_secs(30)).await?;
+    // The second buyer waits (2 s a try) until the lease of the paused
+    // holder lapses (10 s at most), then buys the unit.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let r = order(&instances.urls()[1], "second-buyer").send().await?;
+        match r.status().as_u16() {
+            201 => break,
+            503 if std::time::Instant::now() < deadline => continue,
+            status => return Err(format!("the second buyer got {status}").into()),
+        }
+    }
+    resume(pid);
+    let answer = paused_buyer.await??;
+    tracing::info!(status = %answer.status(), "the paused buyer's answer");
+    let audit = store
+        .audit(ITEM)
+        .await?
+        .ok_or("the paused holder's item vanished")?;
+    instances.stop().await;
+    Ok(PausedHolder {
+        stock: audit.initial,
+        sold: audit.sold,
+        refused: audit.stale_refused,
+    })
+}
+
+/// Wait until process `pid` is stopped (SIGSTOP): its state in
+/// `/proc/<pid>/stat` is `T`.
+async fn wait_until_stopped(pid: u32, limit: Duration) -> Result<(), Error> {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // `pid (comm) state …`: the state follows the last `)`.
+        let state = stat
+            .rsplit(')')
+            .next()
+            .and_then(|r| r.split_whitespace().next());
+        if state == Some("T") {
+            return Ok(());
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(format!("instance {pid} did not pause within {limit:?}").into());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn resume(pid: u32) {
+    #[cfg(unix)]
+    // SAFETY: a signal to the pid of a child we have not reaped.
+    unsafe {
+        libc::kill(pid as libc::pid_t, libc::SIGCONT);
+    }
 }
 
 /// Sum of several items' audits.
@@ -155,5 +248,6 @@ pub fn total(audits: &[Audit]) -> Audit {
         stock_counter: acc.stock_counter + a.stock_counter,
         sold: acc.sold + a.sold,
         duplicate_buyers: acc.duplicate_buyers + a.duplicate_buyers,
+        stale_refused: acc.stale_refused + a.stale_refused,
     })
 }

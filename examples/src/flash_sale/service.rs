@@ -24,7 +24,7 @@ use lock_runtime::{distributed_lock, LockError};
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::{Deserialize, Serialize};
 
-use super::store::{ItemInfo, Store, StoreError};
+use super::store::{Committed, ItemInfo, Store, StoreError};
 
 /// One service instance: where it keeps data, what it is called, and
 /// whether it takes the lock.
@@ -42,6 +42,10 @@ pub struct Shop {
     /// The lock figures this instance's `/metrics` shows (Prometheus
     /// text), if it installed a recorder.
     pub metrics: Option<PrometheusHandle>,
+    /// The demo's paused holder: the next locked sale stops this process
+    /// (SIGSTOP) just before its write, as a long GC pause or a frozen VM
+    /// would; whoever started it sends SIGCONT.
+    pub pause_before_write: std::sync::atomic::AtomicBool,
 }
 
 /// The body of `POST /orders`.
@@ -261,7 +265,10 @@ pub async fn place_order_locked(shop: &Shop, req: &OrderRequest) -> Result<Order
 /// The order logic itself: read, check, (pause), write. Correct only when
 /// no other buyer of the same item runs between the read and the write.
 pub async fn place_order(shop: &Shop, req: &OrderRequest) -> Result<Order, OrderError> {
-    let snapshot = shop.store.read(&req.item, &req.user).await?;
+    // The lock's token goes with the read and the write: the store refuses
+    // a write whose token is below one it has seen for the item.
+    let fence = lock_runtime::current_fence();
+    let snapshot = shop.store.read(&req.item, &req.user, fence).await?;
     let Some(stock) = snapshot.stock else {
         return Err(OrderError::UnknownItem(req.item.clone()));
     };
@@ -278,16 +285,31 @@ pub async fn place_order(shop: &Shop, req: &OrderRequest) -> Result<Order, Order
     } else {
         tokio::time::sleep(shop.race_delay).await;
     }
-    let fence = lock_runtime::current_fence();
+    if fence.is_some()
+        && shop
+            .pause_before_write
+            .swap(false, std::sync::atomic::Ordering::SeqCst)
+    {
+        pause_this_process();
+    }
     let record = format!(
         "{}|{}|{}",
         req.user,
         shop.instance,
         fence.map_or_else(|| "-".to_owned(), |f| f.to_string())
     );
-    shop.store
-        .commit(&req.item, &req.user, stock - 1, &record)
+    let committed = shop
+        .store
+        .commit(&req.item, &req.user, stock - 1, &record, fence)
         .await?;
+    if committed == Committed::Stale {
+        // A later holder took the lock while this one was paused: the
+        // store refused the write, and the buyer may retry.
+        tracing::warn!(instance = %shop.instance, item = %req.item, ?fence, "stale write refused by the store");
+        return Err(OrderError::Lock(LockError::Lost {
+            key: format!("stock:{}", req.item),
+        }));
+    }
     Ok(Order {
         user: req.user.clone(),
         item: req.item.clone(),
@@ -324,4 +346,15 @@ async fn health(State(shop): State<Arc<Shop>>) -> Json<Health> {
         instance: shop.instance.clone(),
         mode: if shop.locked { "locked" } else { "unsafe" }.into(),
     })
+}
+
+/// Stop this whole process (every thread, the lock's watchdog too) until
+/// someone sends SIGCONT.
+fn pause_this_process() {
+    tracing::warn!("pausing this process (SIGSTOP) before its write, as the demo asked");
+    #[cfg(unix)]
+    // SAFETY: raising a signal on this process; SIGSTOP cannot be caught.
+    unsafe {
+        libc::raise(libc::SIGSTOP);
+    }
 }

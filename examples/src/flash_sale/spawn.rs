@@ -208,6 +208,8 @@ pub struct InstanceSpec {
     pub race_delay: Duration,
     /// `RUST_LOG` of the children when the caller has none set.
     pub log: String,
+    /// Start the first instance with `--pause-before-write`.
+    pub pause_first: bool,
 }
 
 /// Service instances running as separate processes (`flash-sale serve`).
@@ -236,7 +238,11 @@ impl Instances {
         };
         for i in 1..=n {
             let name = format!("flash-{i}");
-            let mut child = spawn_tied(serve_command(spec, &name))?;
+            let mut cmd = serve_command(spec, &name);
+            if spec.pause_first && i == 1 {
+                cmd.arg("--pause-before-write");
+            }
+            let mut child = spawn_tied(cmd)?;
             let stdout = child.stdout.take().expect("stdout is piped");
             instances.children.push((name.clone(), child));
             let mut stdout =
@@ -257,6 +263,11 @@ impl Instances {
         }
         instances.wait_healthy(limit).await?;
         Ok(instances)
+    }
+
+    /// The process id of instance `i` (from 0).
+    pub fn pid(&self, i: usize) -> u32 {
+        self.children[i].1.id()
     }
 
     /// Base URLs, one per instance.

@@ -6,6 +6,13 @@
 //! read-modify-write that is only correct when something (the lock) keeps
 //! two buyers of one item from interleaving. An atomic `DECR` would hide
 //! exactly the bug the demo is about.
+//!
+//! The store checks fencing tokens: a read or write that carries the lock's
+//! token (`current_fence()`) raises the item's highest token seen, and a
+//! write whose token is below it is refused, not applied
+//! ([`Committed::Stale`]). A buyer whose lock lapsed mid-purchase (its
+//! process paused past the lease) cannot overwrite the sale of the buyer
+//! that took the lock after it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -56,6 +63,28 @@ pub struct Audit {
     pub sold: u64,
     /// Users with more than one order for the item.
     pub duplicate_buyers: u64,
+    /// Writes refused because their token was below one already seen.
+    pub stale_refused: u64,
+}
+
+/// Initial stock, stock counter, orders, buyers, stale writes refused.
+type AuditReply = (
+    Option<i64>,
+    Option<i64>,
+    u64,
+    HashMap<String, u64>,
+    Option<u64>,
+);
+
+/// What [`Store::commit`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Committed {
+    /// Written.
+    Applied,
+    /// Refused, nothing written: its token is below one the store has
+    /// already seen for the item (a later holder of the lock read or
+    /// wrote it).
+    Stale,
 }
 
 impl Audit {
@@ -95,6 +124,36 @@ fn buyers_key(item: &str) -> String {
 fn orders_key(item: &str) -> String {
     format!("flash:{item}:orders")
 }
+fn fence_key(item: &str) -> String {
+    format!("flash:{item}:fence")
+}
+fn stale_key(item: &str) -> String {
+    format!("flash:{item}:stale")
+}
+
+/// A read that carries a token: raises the item's highest token seen
+/// (KEYS: stock, buyers, fence; ARGV: user, token).
+const READ_FENCED: &str = r"
+local seen = tonumber(redis.call('GET', KEYS[3]) or '0')
+if tonumber(ARGV[2]) > seen then redis.call('SET', KEYS[3], ARGV[2]) end
+return {redis.call('GET', KEYS[1]), redis.call('HGET', KEYS[2], ARGV[1])}
+";
+
+/// A write that carries a token: refused (and counted) below the highest
+/// token seen, else applied (KEYS: stock, buyers, orders, fence, stale;
+/// ARGV: new stock, user, record, token).
+const COMMIT_FENCED: &str = r"
+local seen = tonumber(redis.call('GET', KEYS[4]) or '0')
+if tonumber(ARGV[4]) < seen then
+  redis.call('INCR', KEYS[5])
+  return 0
+end
+redis.call('SET', KEYS[4], ARGV[4])
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('HINCRBY', KEYS[2], ARGV[2], 1)
+redis.call('RPUSH', KEYS[3], ARGV[3])
+return 1
+";
 
 impl Store {
     /// Connect to Redis. The response timeout is raised from the client's
@@ -122,7 +181,12 @@ impl Store {
                 let mut con = con.clone();
                 redis::pipe()
                     .atomic()
-                    .del(&[buyers_key(item), orders_key(item)])
+                    .del(&[
+                        buyers_key(item),
+                        orders_key(item),
+                        fence_key(item),
+                        stale_key(item),
+                    ])
                     .ignore()
                     .set(stock_key(item), stock)
                     .ignore()
@@ -146,11 +210,32 @@ impl Store {
         }
     }
 
-    /// Read the stock counter and the user's orders for `item`.
-    pub async fn read(&self, item: &str, user: &str) -> Result<Snapshot, StoreError> {
+    /// Read the stock counter and the user's orders for `item`; with the
+    /// lock's `fence`, no write with a lower token is accepted after this.
+    pub async fn read(
+        &self,
+        item: &str,
+        user: &str,
+        fence: Option<u64>,
+    ) -> Result<Snapshot, StoreError> {
         match self {
             Store::Redis(con) => {
                 let mut con = con.clone();
+                if let Some(fence) = fence {
+                    let (stock, bought): (Option<i64>, Option<u64>) =
+                        redis::Script::new(READ_FENCED)
+                            .key(stock_key(item))
+                            .key(buyers_key(item))
+                            .key(fence_key(item))
+                            .arg(user)
+                            .arg(fence)
+                            .invoke_async(&mut con)
+                            .await?;
+                    return Ok(Snapshot {
+                        stock,
+                        bought: bought.unwrap_or(0),
+                    });
+                }
                 let (stock, bought): (Option<i64>, Option<u64>) = redis::pipe()
                     .get(stock_key(item))
                     .hget(buyers_key(item), user)
@@ -162,12 +247,15 @@ impl Store {
                 })
             }
             Store::Memory(m) => {
-                let items = m.items.lock().unwrap();
-                Ok(match items.get(item) {
-                    Some(it) => Snapshot {
-                        stock: Some(it.stock),
-                        bought: it.buyers.get(user).copied().unwrap_or(0),
-                    },
+                let mut items = m.items.lock().unwrap();
+                Ok(match items.get_mut(item) {
+                    Some(it) => {
+                        it.fence = it.fence.max(fence.unwrap_or(0));
+                        Snapshot {
+                            stock: Some(it.stock),
+                            bought: it.buyers.get(user).copied().unwrap_or(0),
+                        }
+                    }
                     None => Snapshot {
                         stock: None,
                         bought: 0,
@@ -179,17 +267,38 @@ impl Store {
 
     /// Write a sale: set the stock counter to `new_stock` (computed by the
     /// caller from its earlier read), count the user's order, append the
-    /// order record.
+    /// order record. With the lock's `fence`, refused if a higher token
+    /// was seen for the item.
     pub async fn commit(
         &self,
         item: &str,
         user: &str,
         new_stock: i64,
         record: &str,
-    ) -> Result<(), StoreError> {
+        fence: Option<u64>,
+    ) -> Result<Committed, StoreError> {
         match self {
             Store::Redis(con) => {
                 let mut con = con.clone();
+                if let Some(fence) = fence {
+                    let applied: i64 = redis::Script::new(COMMIT_FENCED)
+                        .key(stock_key(item))
+                        .key(buyers_key(item))
+                        .key(orders_key(item))
+                        .key(fence_key(item))
+                        .key(stale_key(item))
+                        .arg(new_stock)
+                        .arg(user)
+                        .arg(record)
+                        .arg(fence)
+                        .invoke_async(&mut con)
+                        .await?;
+                    return Ok(if applied == 1 {
+                        Committed::Applied
+                    } else {
+                        Committed::Stale
+                    });
+                }
                 redis::pipe()
                     .atomic()
                     .set(stock_key(item), new_stock)
@@ -200,15 +309,22 @@ impl Store {
                     .ignore()
                     .query_async::<()>(&mut con)
                     .await?;
-                Ok(())
+                Ok(Committed::Applied)
             }
             Store::Memory(m) => {
                 let mut items = m.items.lock().unwrap();
                 let it = items.entry(item.to_owned()).or_default();
+                if let Some(fence) = fence {
+                    if fence < it.fence {
+                        it.stale += 1;
+                        return Ok(Committed::Stale);
+                    }
+                    it.fence = fence;
+                }
                 it.stock = new_stock;
                 *it.buyers.entry(user.to_owned()).or_default() += 1;
                 it.orders.push(record.to_owned());
-                Ok(())
+                Ok(Committed::Applied)
             }
         }
     }
@@ -229,16 +345,12 @@ impl Store {
         match self {
             Store::Redis(con) => {
                 let mut con = con.clone();
-                let (initial, stock, sold, buyers): (
-                    Option<i64>,
-                    Option<i64>,
-                    u64,
-                    HashMap<String, u64>,
-                ) = redis::pipe()
+                let (initial, stock, sold, buyers, stale): AuditReply = redis::pipe()
                     .get(initial_key(item))
                     .get(stock_key(item))
                     .llen(orders_key(item))
                     .hgetall(buyers_key(item))
+                    .get(stale_key(item))
                     .query_async(&mut con)
                     .await?;
                 let Some(initial) = initial else {
@@ -249,6 +361,7 @@ impl Store {
                     stock_counter: stock.unwrap_or(0),
                     sold,
                     duplicate_buyers: buyers.values().filter(|n| **n > 1).count() as u64,
+                    stale_refused: stale.unwrap_or(0),
                 }))
             }
             Store::Memory(m) => {
@@ -258,6 +371,7 @@ impl Store {
                     stock_counter: it.stock,
                     sold: it.orders.len() as u64,
                     duplicate_buyers: it.buyers.values().filter(|n| **n > 1).count() as u64,
+                    stale_refused: it.stale,
                 }))
             }
         }
@@ -277,4 +391,37 @@ struct MemItem {
     stock: i64,
     buyers: HashMap<String, u64>,
     orders: Vec<String>,
+    /// The highest token seen.
+    fence: u64,
+    /// Writes refused for a lower token.
+    stale: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A write whose token is below one the store has seen for the item is
+    /// refused and counted; equal or higher ones are applied.
+    #[tokio::test]
+    async fn a_write_below_the_highest_token_seen_is_refused() {
+        let store = Store::memory();
+        store.seed("i", 2).await.unwrap();
+        // The paused holder (token 5) read; then the next holder (token 9).
+        store.read("i", "a", Some(5)).await.unwrap();
+        store.read("i", "b", Some(9)).await.unwrap();
+        assert_eq!(
+            store.commit("i", "b", 1, "b", Some(9)).await.unwrap(),
+            Committed::Applied
+        );
+        assert_eq!(
+            store.commit("i", "a", 1, "a", Some(5)).await.unwrap(),
+            Committed::Stale
+        );
+        let audit = store.audit("i").await.unwrap().unwrap();
+        assert_eq!(
+            (audit.sold, audit.stock_counter, audit.stale_refused),
+            (1, 1, 1)
+        );
+    }
 }

@@ -53,6 +53,9 @@ const MIN_SEND: Duration = Duration::from_millis(20);
 struct Limit {
     until: tokio::time::Instant,
     of: Duration,
+    /// An earlier send of the same command is still unanswered: it may run
+    /// on Redis before or after this one.
+    overlaps: bool,
 }
 
 impl Limit {
@@ -60,6 +63,7 @@ impl Limit {
         Limit {
             until: tokio::time::Instant::now() + of,
             of,
+            overlaps: false,
         }
     }
 }
@@ -198,6 +202,17 @@ fn broke(e: &redis::RedisError) -> bool {
     super::fault::connection_broke(e) || e.is_unrecoverable_error()
 }
 
+/// The I/O thread's connection: no response timeout of its own (each
+/// command has its caller's), reconnecting by itself.
+fn manager_config(settings: &NodeSettings) -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(settings.connect_timeout))
+        .set_response_timeout(None)
+        .set_number_of_retries(2)
+        .set_min_delay(Duration::from_millis(50))
+        .set_max_delay(Duration::from_millis(500))
+}
+
 /// Where an operation's commands go (see [`Route`]).
 enum Via {
     Caller(Handle),
@@ -218,28 +233,51 @@ impl RedisNode {
     ) -> Result<Self, Fault> {
         let client = endpoint::client(info, &settings.access)?;
         let addr: Arc<str> = client.get_connection_info().addr().to_string().into();
-        // No response timeout of its own: each command has its caller's.
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(settings.connect_timeout))
-            .set_response_timeout(None)
-            .set_number_of_retries(2)
-            .set_min_delay(Duration::from_millis(50))
-            .set_max_delay(Duration::from_millis(500));
         let budget = settings.connect_timeout + settings.op_timeout;
         let conn = tokio::time::timeout(
             budget,
-            ConnectionManager::new_with_config(client.clone(), config),
+            ConnectionManager::new_with_config(client.clone(), manager_config(&settings)),
         )
         .await
         .map_err(|_| Fault::timed_out(format!("connecting to Redis at {addr}"), budget))?
         .map_err(|e| Fault::redis(format!("connecting to Redis at {addr}"), e))?;
+        let mut node = Self::over(client, addr, conn, settings);
+        node.load_scripts().await?;
+        node.native_delete = node.find_native_delete().await;
+        node.warn_if_evicting().await;
+        Ok(node)
+    }
+
+    /// A node that connects on its first command: nothing is sent until
+    /// then (a bad URL is still an error here). Scripts are loaded by the
+    /// first EVAL that finds them missing, and releases go by script (the
+    /// server's own compare-and-delete is not looked for). Must be called
+    /// inside the client's I/O runtime, where reconnects are spawned.
+    pub(crate) fn connect_lazy(url: &str, settings: NodeSettings) -> Result<Self, Fault> {
+        let client = endpoint::client(endpoint::info(url)?, &settings.access)?;
+        let addr: Arc<str> = client.get_connection_info().addr().to_string().into();
+        let conn =
+            ConnectionManager::new_lazy_with_config(client.clone(), manager_config(&settings))
+                .map_err(|e| {
+                    Fault::redis(format!("setting up a connection to Redis at {addr}"), e)
+                })?;
+        Ok(Self::over(client, addr, conn, settings))
+    }
+
+    /// A node over the I/O thread's connection `conn` to `client`'s server.
+    fn over(
+        client: redis::Client,
+        addr: Arc<str>,
+        conn: ConnectionManager,
+        settings: NodeSettings,
+    ) -> Self {
         let runtimes = Runtimes::new(
             client,
             AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(settings.connect_timeout))
                 .set_response_timeout(None),
         );
-        let mut node = RedisNode {
+        RedisNode {
             conn: Conn::Single(conn),
             runtimes: Some(Arc::new(runtimes)),
             addr,
@@ -248,11 +286,7 @@ impl RedisNode {
             counter: Arc::default(),
             native_refused: Arc::default(),
             moves_until: None,
-        };
-        node.load_scripts().await?;
-        node.native_delete = node.find_native_delete().await;
-        node.warn_if_evicting().await;
-        Ok(node)
+        }
     }
 
     /// Eviction is the one way Redis deletes a lock or a fence counter
@@ -564,6 +598,9 @@ impl RedisNode {
         let ran_before = std::sync::atomic::AtomicBool::new(false);
         let (ran_before, sha) = (&ran_before, &sha);
         self.retrying(|limit| async move {
+            if limit.overlaps {
+                ran_before.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
             let out = self.eval_once(script, sha, keys, args, limit).await;
             if let Err(e) = &out {
                 if e.may_have_run() {
@@ -579,10 +616,14 @@ impl RedisNode {
     /// timeout has no room for another try. `op` gets how long its send may
     /// wait for an answer.
     ///
-    /// The first send gets half the operation timeout: a send can go
-    /// unanswered on a connection that died under it (cut while idle, the
-    /// close not yet seen), and the other half is left for a send on the
-    /// connection that replaces it.
+    /// Each send may wait for its answer until the operation timeout: a
+    /// slow reply that comes within it is never thrown away. A send still
+    /// unanswered at half of it may sit on a connection that died under it
+    /// (cut while idle, the close not yet seen): it is sent once more then,
+    /// which goes on the connection that replaced a dead one, and whichever
+    /// send answers first is the answer (every lock script is safe to run
+    /// twice; on a live but slow connection the second send only queues
+    /// behind the first).
     async fn retrying<T, F, Fut>(&self, op: F) -> Result<T, Fault>
     where
         F: FnMut(Limit) -> Fut,
@@ -593,8 +634,8 @@ impl RedisNode {
 
     /// [`retrying`](Self::retrying), ending by `by` if that comes first
     /// (a request whose server has not answered yet ends by its deadline).
-    /// One deadline for the whole: each send's own limit is what is left of
-    /// it, and a send that is answered sets no other timer.
+    /// One deadline for the whole: every send waits at most until it, and
+    /// a send that is answered sets no other timer.
     async fn retrying_by<T, F, Fut>(
         &self,
         by: Option<tokio::time::Instant>,
@@ -604,38 +645,88 @@ impl RedisNode {
         F: FnMut(Limit) -> Fut,
         Fut: std::future::Future<Output = Result<T, Fault>>,
     {
+        use std::future::poll_fn;
+        use std::task::Poll;
         let now = tokio::time::Instant::now();
         let mut deadline = now + self.settings.op_timeout;
         if let Some(by) = by {
             deadline = deadline.min(by.max(now + MIN_SEND));
         }
-        let first = (self.settings.op_timeout / 2).min(deadline - now);
-        let mut limit = Limit {
-            until: now + first,
-            of: first,
+        let rest = |overlaps, deadline: tokio::time::Instant| Limit {
+            until: deadline,
+            of: deadline.saturating_duration_since(tokio::time::Instant::now()),
+            overlaps,
         };
+        // At most two sends out at once (the first, and the one sent beside
+        // it at half the timeout), in two slots on the stack: an answered
+        // call allocates nothing more than before.
+        let mut one = std::pin::pin!(Some(op(rest(false, deadline))));
+        let mut two = std::pin::pin!(None::<Fut>);
+        let half_at = now + self.settings.op_timeout / 2;
+        let mut half_armed = half_at + MIN_SEND < deadline;
+        let half = tokio::time::sleep_until(half_at);
+        let again = tokio::time::sleep_until(deadline);
+        tokio::pin!(half, again);
+        let mut again_armed = false;
         let mut pause = RETRY_PAUSE;
         loop {
-            let out = op(limit).await;
-            let Err(e) = &out else {
-                return out;
+            let answer = tokio::select! {
+                biased;
+                answer = poll_fn(|cx| match one.as_mut().as_pin_mut() {
+                    Some(send) => send.poll(cx),
+                    None => Poll::Pending,
+                }), if one.is_some() => {
+                    one.set(None);
+                    answer
+                }
+                answer = poll_fn(|cx| match two.as_mut().as_pin_mut() {
+                    Some(send) => send.poll(cx),
+                    None => Poll::Pending,
+                }), if two.is_some() => {
+                    two.set(None);
+                    answer
+                }
+                () = &mut half, if half_armed && (one.is_some() || two.is_some()) => {
+                    half_armed = false;
+                    tracing::debug!("no answer in half the operation timeout; sending the command again");
+                    let send = Some(op(rest(true, deadline)));
+                    if one.is_none() {
+                        one.set(send);
+                    } else {
+                        two.set(send);
+                    }
+                    continue;
+                }
+                () = &mut again, if again_armed => {
+                    again_armed = false;
+                    one.set(Some(op(rest(false, deadline))));
+                    continue;
+                }
             };
+            let Err(e) = &answer else {
+                return answer;
+            };
+            if !resend(e) {
+                return answer;
+            }
+            if one.is_some() || two.is_some() {
+                // The other send is still out: its answer may yet come.
+                tracing::debug!(error = %e, "Redis command failed; waiting for the other send");
+                continue;
+            }
             let now = tokio::time::Instant::now();
             if let Some(moves) = self.moves_until.filter(|_| e.is_slot_moving()) {
                 // Answered, not run: another operation timeout, up to the
                 // bound this node was given.
                 deadline = deadline.max(moves.min(now + self.settings.op_timeout));
             }
-            if !(resend(e) && now + pause + MIN_SEND < deadline) {
-                return out;
+            if now + pause + MIN_SEND >= deadline {
+                return answer;
             }
             tracing::debug!(error = %e, "Redis command failed; sending it again");
-            tokio::time::sleep(pause).await;
+            again.as_mut().reset(now + pause);
+            again_armed = true;
             pause = (pause * 2).min(MAX_RETRY_PAUSE);
-            limit = Limit {
-                until: deadline,
-                of: deadline.saturating_duration_since(tokio::time::Instant::now()),
-            };
         }
     }
 
@@ -898,6 +989,9 @@ impl RedisNode {
                 let cmd = &cmd;
                 let d = self
                     .retrying(|limit| async move {
+                        if limit.overlaps {
+                            ran.store(true, std::sync::atomic::Ordering::Relaxed);
+                        }
                         let out = self.query(cmd, "releasing a lock", limit).await;
                         if matches!(&out, Err(e) if e.may_have_run()) {
                             ran.store(true, std::sync::atomic::Ordering::Relaxed);

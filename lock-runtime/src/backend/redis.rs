@@ -55,6 +55,18 @@ impl RedisBackend {
         let node = RedisNode::connect(url, settings).await?;
         Ok(RedisBackend { node, subscriber })
     }
+
+    /// [`connect`](Self::connect) without I/O: the connections open on
+    /// first use. Inside the client's I/O runtime.
+    pub(crate) fn connect_lazy(
+        url: &str,
+        settings: NodeSettings,
+        io: Handle,
+    ) -> Result<Self, Fault> {
+        let subscriber = Subscriber::new(url, settings.clone(), io)?;
+        let node = RedisNode::connect_lazy(url, settings)?;
+        Ok(RedisBackend { node, subscriber })
+    }
 }
 
 impl<S: Releases> RedisBackend<S> {

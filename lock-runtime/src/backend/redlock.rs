@@ -57,7 +57,22 @@ impl Slot {
 }
 
 /// One node's answer, or why there was none.
-type Answer<T> = Result<T, String>;
+type Answer<T> = Result<T, NoAnswer>;
+
+/// Why a node did not answer, and whether what was sent may have run there
+/// (no answer in time, a connection that broke after the send) or surely
+/// did not (refused: the node is down).
+#[derive(Debug)]
+struct NoAnswer {
+    why: String,
+    may_have_run: bool,
+}
+
+impl std::fmt::Display for NoAnswer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.why)
+    }
+}
 
 struct Shared {
     slots: Vec<Slot>,
@@ -177,8 +192,14 @@ impl Shared {
             async move {
                 match tokio::time::timeout(limit, fut).await {
                     Ok(Ok(v)) => Ok(v),
-                    Ok(Err(e)) => Err(e.to_string()),
-                    Err(_) => Err(format!("no answer within {limit:?}")),
+                    Ok(Err(e)) => Err(NoAnswer {
+                        why: e.to_string(),
+                        may_have_run: e.may_have_run(),
+                    }),
+                    Err(_) => Err(NoAnswer {
+                        why: format!("no answer within {limit:?}"),
+                        may_have_run: true,
+                    }),
                 }
             }
         }))
@@ -267,12 +288,27 @@ impl Shared {
             self.undo(name, owner, Wake::Never).await;
             let failed = n - fresh.len() - busy;
             if failed > n - self.quorum {
-                return Err(Fault::other(format!(
-                    "Redlock: acquiring lock `{key}`: granted by {} and refused by {busy} of {n} nodes, {} grants needed; the others failed: {}",
+                let why = format!(
+                    "Redlock: acquiring lock `{key}`: granted by {} and refused by {busy} of {n} nodes, {} grants needed; the others failed",
                     fresh.len(),
                     self.quorum,
-                    self.failures(&answers)
-                )));
+                );
+                // Nodes that answer slowly, or whose connection broke
+                // after the send, may yet grant a majority: the call keeps
+                // trying while it has wait left. Only where so many nodes
+                // refused connections that no majority is left does it
+                // give up early, as on one server that is down.
+                let down = answers
+                    .iter()
+                    .filter(|a| a.as_ref().is_err_and(|e| !e.may_have_run))
+                    .count();
+                if n - down >= self.quorum {
+                    return Err(Fault::timed_out(
+                        format!("{why} ({})", self.failures(&answers)),
+                        limit,
+                    ));
+                }
+                return Err(Fault::other(format!("{why}: {}", self.failures(&answers))));
             }
             if busy + failed < self.quorum {
                 // Split vote: nobody holds a majority, and the partial

@@ -22,10 +22,7 @@
 //! then does an undo go over another connection.
 
 use std::collections::HashMap;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
@@ -142,13 +139,22 @@ impl Runtimes {
                 cell,
             }));
         }
-        // Boxed: once per runtime (and reconnect), and deep.
-        let opened = Box::pin(cell.get_or_try_init(|| Entered {
-            handle: caller,
-            fut: self.open(),
-        }))
-        .await
-        .map(|c| c.conn.clone());
+        // Opened by a task of that runtime (its driver is spawned there),
+        // not by this caller: a command whose time ran out while the
+        // connection was being made does not throw the half-made
+        // connection away, and the next command waits for the same one
+        // instead of starting over. Where every reply is slow, opening
+        // (a handshake, then `CLIENT INFO`) takes longer than one command.
+        let opening = {
+            let cell = cell.clone();
+            let open = open(self.client.clone(), self.config.clone());
+            caller.spawn(async move { cell.get_or_try_init(|| open).await.map(|c| c.conn.clone()) })
+        };
+        let opened = opening.await.unwrap_or_else(|e| {
+            Err(redis::RedisError::from(std::io::Error::other(format!(
+                "opening a connection: {e}"
+            ))))
+        });
         Some(opened.map(|conn| Picked { local, cell, conn }))
     }
 
@@ -189,22 +195,21 @@ impl Runtimes {
         });
         local.is_live().then_some(local)
     }
+}
 
-    /// Open a connection (in the runtime that is to drive it) and learn
-    /// who it is (`CLIENT INFO`: Redis 6.2 and later).
-    async fn open(&self) -> redis::RedisResult<Conn> {
-        let mut conn = self
-            .client
-            .get_multiplexed_async_connection_with_config(&self.config)
-            .await?;
-        let who = redis::cmd("CLIENT")
-            .arg("INFO")
-            .query_async::<String>(&mut conn)
-            .await
-            .ok()
-            .and_then(|info| Identity::parse(&info));
-        Ok(Conn { conn, who })
-    }
+/// Open a connection (in the runtime that is to drive it) and learn who
+/// it is (`CLIENT INFO`: Redis 6.2 and later).
+async fn open(client: redis::Client, config: AsyncConnectionConfig) -> redis::RedisResult<Conn> {
+    let mut conn = client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await?;
+    let who = redis::cmd("CLIENT")
+        .arg("INFO")
+        .query_async::<String>(&mut conn)
+        .await
+        .ok()
+        .and_then(|info| Identity::parse(&info));
+    Ok(Conn { conn, who })
 }
 
 impl Local {
@@ -330,26 +335,6 @@ impl Drop for Watch {
         if let Some(local) = self.0.upgrade() {
             local.gone();
         }
-    }
-}
-
-pin_project_lite::pin_project! {
-    /// `fut` polled with `handle`'s runtime entered: the connection it
-    /// opens registers with that runtime, and its driver is spawned there.
-    struct Entered<'a, F> {
-        handle: &'a Handle,
-        #[pin]
-        fut: F,
-    }
-}
-
-impl<F: Future> Future for Entered<'_, F> {
-    type Output = F::Output;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        let this = self.project();
-        let _rt = this.handle.enter();
-        this.fut.poll(cx)
     }
 }
 

@@ -1,0 +1,57 @@
+//! `LockClient::connect_lazy`: a service that starts before its Redis.
+//! Nothing is sent until the first call; calls fail within their bounds
+//! while Redis is down, and work once it is up.
+
+use std::time::{Duration, Instant};
+
+use lock_runtime::{LockClient, LockError};
+use tests::{free_port, unique, RedisServer};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_started_before_redis_works_once_redis_is_up() {
+    tests::init_tracing();
+    let port = free_port();
+    let url = format!("redis://127.0.0.1:{port}");
+    let built = Instant::now();
+    let client = LockClient::builder()
+        .lease(Duration::from_secs(1))
+        .connect_lazy(&url)
+        .expect("no I/O: nothing to fail on");
+    assert!(built.elapsed() < Duration::from_secs(1));
+    assert!(matches!(
+        LockClient::connect_lazy("redis://127.0.0.1:notaport"),
+        Err(LockError::Config(_))
+    ));
+
+    // Redis is not up: a call fails within its bounds, as a connected
+    // client's does when Redis goes away.
+    let key = unique("lazy");
+    for wait in [Duration::from_secs(1), Duration::from_secs(5)] {
+        let asked = Instant::now();
+        let out = client.lock(&key).wait(wait).await;
+        let took = asked.elapsed();
+        println!("with Redis down, a lock call with wait {wait:?} failed after {took:?}: {out:?}");
+        assert!(matches!(out, Err(LockError::Backend(_))), "{out:?}");
+        assert!(took < wait + Duration::from_secs(3), "took {took:?}");
+    }
+
+    let server = RedisServer::start_on(port, &["--save", "", "--appendonly", "no"]);
+    let asked = Instant::now();
+    let guard = client
+        .lock(&key)
+        .wait(Duration::from_secs(5))
+        .await
+        .expect("the first lock once Redis is up");
+    println!(
+        "the first lock once Redis was up took {:?}",
+        asked.elapsed()
+    );
+    assert!(guard.fence() > 0);
+    assert!(server.exists(&format!("lock:{{{key}}}")));
+    // Held past two renewals of its 1 s lease: the watchdog's connection
+    // (opened lazily too) renews it.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!guard.is_lost());
+    guard.release().await.expect("held to the end");
+    assert!(!server.exists(&format!("lock:{{{key}}}")));
+}
