@@ -60,10 +60,10 @@ pub struct Defects {
 }
 
 impl Defects {
-    /// The code as it is: every known defect fixed. (Issue 30's two are
-    /// fixed in the runtime by `sentinel.rs` confirming renewals with
-    /// `WAIT` and `watchdog.rs` watching each hold's deadline on its own;
-    /// the model checks that design.)
+    /// The code as it is: every known defect fixed. (Issue 30's items 1
+    /// and 2 are fixed in the runtime by `sentinel.rs` confirming renewals
+    /// with `WAIT` and `watchdog.rs` sending rounds side by side, each hold
+    /// declared lost at its own deadline; item 5 in `release.lua`.)
     pub const TODAY: Defects = Defects {
         orphan_ignores_inflight: false,
         undo_on_main: false,
