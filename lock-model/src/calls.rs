@@ -72,11 +72,16 @@ pub fn acquire(
 }
 
 /// `RedisNode::release` on one server (`Wake::IfReleased`, `PUBLISH`, not
-/// forced).
-pub fn release(k: u8, owner: &str, fence_ttl: u64) -> Call {
+/// forced). `before_fixes`: item 5's switch
+/// (`Defects::release_before_fixes`).
+pub fn release(k: u8, owner: &str, fence_ttl: u64, before_fixes: bool) -> Call {
     let n = names(k);
     Call {
-        script: Script::Release,
+        script: if before_fixes {
+            Script::ReleaseBeforeFixes
+        } else {
+            Script::Release
+        },
         keys: vec![n[0].clone(), n[1].clone()],
         args: vec![owner.to_string(), "r".into(), fence_ttl.to_string()],
     }

@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 use stateright::{Checker, HasDiscoveries, Model};
 
 use crate::keyspace::Data;
-use crate::world::{owner_id, Action, Phase, State, World, EPOCH_MS};
+use crate::plan::World;
+use crate::state::{owner_id, Action, Phase, State, EPOCH_MS};
 
 /// What one exhaustive run found.
 pub struct Report {

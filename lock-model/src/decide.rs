@@ -7,7 +7,7 @@
 //! names the runtime code whose wiring it repeats.
 //!
 //! Times are model ms on one clock shared by the clients and the server
-//! (the server's clock is this one plus [`crate::world::EPOCH_MS`]).
+//! (the server's clock is this one plus [`crate::state::EPOCH_MS`]).
 
 use std::time::Duration;
 

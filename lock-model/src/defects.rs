@@ -1,13 +1,17 @@
 //! Switches that each restore one known defect of the protocol (the four
-//! races of delayed and repeated replies, fixed since), so that a test can
-//! show the checker finds it with the switch on and nothing with it off.
+//! races of delayed and repeated replies, fixed since, and three of issue
+//! 30: renewals the replicas never confirmed, a watchdog blinded by a
+//! renewal round in flight, and a queued reader nobody hears that blocks
+//! the writer behind it), so that a test can show the checker finds it
+//! with the switch on and nothing with it off.
 //!
 //! Client-side defects switch what the runtime's decisions are fed, or the
 //! world's plumbing (which connection a command takes, which script a
-//! release calls). The one script-side defect runs today's `acquire.lua`
-//! with its fix taken out again ([`RACE_3_FIX`]): the scripts' layout has
-//! changed since the fix, so a copy of the script from before it could not
-//! run beside today's others.
+//! release calls). The two script-side defects run today's `acquire.lua`
+//! or `release.lua` with its fix taken out again ([`RACE_3_FIX`],
+//! [`DEAD_READER_FIX`]): the scripts' layout has changed since race 3's
+//! fix, so a copy of the script from before it could not run beside
+//! today's others.
 
 /// Which old behaviours the model restores.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -32,15 +36,42 @@ pub struct Defects {
     /// expire, as `guard.rs::keep` did before `keep.lua`): a renewal re-sent
     /// after it restores the full lease.
     pub keep_by_renewal: bool,
+    /// Sentinel with `replica_acks`: a renewal books the holder's new
+    /// deadline from the primary's answer alone, with no `WAIT` (as
+    /// `sentinel.rs::renew` did): a replica that missed the renewals is
+    /// promoted with the lock ending before the holder believes. Off: a
+    /// renewal moves the deadline only once the replicas acknowledged it
+    /// (a `WAIT` behind it on its connection; no acknowledgement is no
+    /// answer).
+    pub renewal_unacked: bool,
+    /// The watchdog runs one round at a time (`watchdog.rs` awaited `tick()`
+    /// in its loop): while a round's renewals are out, no other hold of the
+    /// client is looked at, and the round waits until the earliest deadline
+    /// of its own batch; a hold taken meanwhile can lapse unnoticed. Off:
+    /// every hold's deadline is watched on its own (its renewal goes out
+    /// when due, whatever is in flight, and is declared lost at its
+    /// deadline).
+    pub watchdog_one_round: bool,
+    /// Issue 30, item 5: `release.lua` without its fix
+    /// ([`DEAD_READER_FIX`]): a reader at the head of the queue ends the
+    /// scan at the next writer even when nobody heard its grant, so the
+    /// release deletes the lock and the writer behind stays queued.
+    pub release_before_fixes: bool,
 }
 
 impl Defects {
-    /// The code as it is: every known defect fixed.
+    /// The code as it is: every known defect fixed. (Issue 30's items 1
+    /// and 2 are fixed in the runtime by `sentinel.rs` confirming renewals
+    /// with `WAIT` and `watchdog.rs` sending rounds side by side, each hold
+    /// declared lost at its own deadline; item 5 in `release.lua`.)
     pub const TODAY: Defects = Defects {
         orphan_ignores_inflight: false,
         undo_on_main: false,
         acquire_before_fixes: false,
         keep_by_renewal: false,
+        renewal_unacked: false,
+        watchdog_one_round: false,
+        release_before_fixes: false,
     };
 
     /// The code before the fixes: every known defect present.
@@ -49,6 +80,9 @@ impl Defects {
         undo_on_main: true,
         acquire_before_fixes: true,
         keep_by_renewal: true,
+        renewal_unacked: true,
+        watchdog_one_round: true,
+        release_before_fixes: true,
     };
 }
 
@@ -61,3 +95,28 @@ pub const RACE_3_FIX: (&str, &str) = (
     "local may_be_queued = stay ~= '' or string.find(ARGV[4], 'j', 1, true) ~= nil",
     "local may_be_queued = string.find(ARGV[4], 'j', 1, true) ~= nil",
 );
+
+/// Issue 30 item 5's fix as it stands in `lock-runtime/scripts/release.lua`,
+/// each line with what it replaced: the scan stops at a writer only after
+/// a reader that heard (or a read hold being joined), not after any reader
+/// it popped. The switch puts the old lines back (a reader popped, heard or
+/// not, is `passed`); if a fixed line changes, the host says so when it
+/// loads the scripts, and these pairs must follow.
+pub const DEAD_READER_FIX: [(&str, &str); 4] = [
+    (
+        "  local served = false\n",
+        "  local served, passed = false, false\n",
+    ),
+    (
+        "next_waiter(joining or served)",
+        "next_waiter(joining or served or passed)",
+    ),
+    (
+        "if not (joining or served) then",
+        "if not (joining or served or passed) then",
+    ),
+    (
+        "        redis.call('zrem', readers, head)\n",
+        "        redis.call('zrem', readers, head)\n        passed = true\n",
+    ),
+];

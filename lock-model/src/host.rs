@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 
 use mlua::{Function, Lua, MultiValue, Table, Value};
 
-use crate::defects::RACE_3_FIX;
+use crate::defects::{DEAD_READER_FIX, RACE_3_FIX};
 use crate::keyspace::{fmt_g17, Keyspace, Reply};
 
 /// A script the host runs.
@@ -35,6 +35,9 @@ pub enum Script {
     /// Today's `acquire.lua` with race 3's fix taken out
     /// (`defects::RACE_3_FIX`), to restore the defect.
     AcquireBeforeFixes,
+    /// Today's `release.lua` with issue 30 item 5's fix taken out
+    /// (`defects::DEAD_READER_FIX`).
+    ReleaseBeforeFixes,
 }
 
 const SOURCES: [(Script, &str, &str); 7] = [
@@ -77,7 +80,7 @@ const SOURCES: [(Script, &str, &str); 7] = [
 
 impl Script {
     /// Every script the host runs.
-    pub const ALL: [Script; 8] = [
+    pub const ALL: [Script; 9] = [
         Script::Acquire,
         Script::Release,
         Script::Renew,
@@ -86,6 +89,7 @@ impl Script {
         Script::RaiseFence,
         Script::Command,
         Script::AcquireBeforeFixes,
+        Script::ReleaseBeforeFixes,
     ];
 
     /// The script's source text.
@@ -100,6 +104,18 @@ impl Script {
             );
             return Cow::Owned(today.replacen(fixed, old, 1));
         }
+        if self == Script::ReleaseBeforeFixes {
+            let mut src = Script::Release.source().into_owned();
+            for (fixed, old) in DEAD_READER_FIX {
+                assert!(
+                    src.matches(fixed).count() == 1,
+                    "release.lua no longer has item 5's fix as defects::DEAD_READER_FIX \
+                     states it (`{fixed}`): restate the fix there"
+                );
+                src = src.replacen(fixed, old, 1);
+            }
+            return Cow::Owned(src);
+        }
         Cow::Borrowed(SOURCES.iter().find(|s| s.0 == self).unwrap().2)
     }
 
@@ -107,6 +123,9 @@ impl Script {
     pub fn name(self) -> &'static str {
         if self == Script::AcquireBeforeFixes {
             return "acquire.lua (race 3's fix taken out)";
+        }
+        if self == Script::ReleaseBeforeFixes {
+            return "release.lua (item 5's fix taken out)";
         }
         SOURCES.iter().find(|s| s.0 == self).unwrap().1
     }

@@ -10,6 +10,8 @@ pub mod decide;
 pub mod defects;
 pub mod host;
 pub mod keyspace;
+pub mod plan;
 pub mod properties;
 pub mod scenarios;
+pub mod state;
 pub mod world;

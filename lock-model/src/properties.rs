@@ -18,11 +18,11 @@ use std::collections::BTreeSet;
 
 use stateright::Property;
 
+use crate::calls::names;
 use crate::decide::Verdict;
 use crate::keyspace::{Data, Keyspace};
-use crate::world::{
-    acquiring, names, owner_id, parse_owner, Cmd, Deployment, Owner, Phase, State, World, EPOCH_MS,
-};
+use crate::plan::{Deployment, World};
+use crate::state::{acquiring, owner_id, parse_owner, Cmd, Owner, Phase, State, EPOCH_MS};
 
 pub const MUTUAL_EXCLUSION: &str = "never two write holders, nor a reader beside a writer";
 pub const FENCES_RISE: &str = "a holder's token is above every earlier writer's";
@@ -33,6 +33,8 @@ pub const NOTHING_LEFT: &str = "nothing is left behind once nobody holds or wait
 pub const LOST_HOLDER_TOLD: &str =
     "a holder whose lock a failover lost learns it at its next renewal";
 pub const ACKED_SURVIVES: &str = "with replica_acks, a failover keeps every lock a holder has";
+pub const QUEUE_SERVED: &str =
+    "a release that frees a lock others queued behind leaves no listening waiter queued";
 pub const HANDED_OVER: &str = "a release hands the lock to a waiter (sometimes)";
 pub const FAILOVER_KEPT: &str = "a failover keeps a holder's lock (sometimes)";
 pub const FAILOVER_LOST: &str = "a failover loses a holder's lock (sometimes)";
@@ -66,6 +68,7 @@ pub fn all() -> Vec<Property<World>> {
         }),
         Property::always(LOST_HOLDER_TOLD, |_, s: &State| !violated(s, "untold")),
         Property::always(ACKED_SURVIVES, |_, s: &State| !violated(s, "acked")),
+        Property::always(QUEUE_SERVED, |_, s: &State| !violated(s, "stalled")),
         Property::sometimes(HANDED_OVER, |_, s: &State| s.ghost.handed_over),
         Property::sometimes(FAILOVER_KEPT, |_, s: &State| s.ghost.failover_under_hold.0),
         Property::sometimes(FAILOVER_LOST, |_, s: &State| s.ghost.failover_under_hold.1),
@@ -178,6 +181,49 @@ pub fn on_renewal_answer(
                 "untold: {} still holds key {key} after a renewal answered {verdict:?}, though the failover lost its lock",
                 owner_id(c, owner)
             ),
+        );
+    }
+}
+
+/// Whether `key`'s lock is marked as having waiters queued behind it
+/// (before a release runs).
+pub fn queued_behind(s: &State, key: u8) -> bool {
+    match s.ks.get(&names(key)[0], EPOCH_MS + s.now) {
+        Some(Data::Str(v)) => v.split(' ').nth(2) == Some("q"),
+        _ => false,
+    }
+}
+
+/// A release of a lock marked as queued behind ran: if it freed the lock,
+/// it must have served every waiter that hears grants (one whose client
+/// listens on the lock's grant channel, its stay not over), or the
+/// waiter waits for its next attempt while newcomers may take the lock.
+pub fn on_release(s: &mut State, key: u8) {
+    let n = names(key);
+    let now = EPOCH_MS + s.now;
+    if s.ks.get(&n[0], now).is_some() {
+        return;
+    }
+    let Some(Data::List(queue)) = s.ks.get(&n[2], now) else {
+        return;
+    };
+    let stays = match s.ks.get(&n[3], now) {
+        Some(Data::Hash(h)) => h.clone(),
+        _ => Default::default(),
+    };
+    let left = queue.iter().find(|o| {
+        let live = stays
+            .get(*o)
+            .and_then(|e| e.split(' ').nth(1))
+            .and_then(|u| u.parse::<u64>().ok())
+            .is_some_and(|until| until > now);
+        let listening = parse_owner(o).is_some_and(|(c, _)| s.subs.contains(&(c, key)));
+        live && listening
+    });
+    if let Some(o) = left.cloned() {
+        violation(
+            s,
+            format!("stalled: a release freed key {key} and left {o} queued, though it listens"),
         );
     }
 }

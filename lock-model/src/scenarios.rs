@@ -4,7 +4,7 @@
 
 use crate::decide::Timing;
 use crate::defects::Defects;
-use crate::world::{ClientPlan, Deployment, Faults, Plan, World, MAIN};
+use crate::plan::{ClientPlan, Deployment, Faults, Plan, World, IO, MAIN};
 
 fn client(requests: Vec<Plan>) -> ClientPlan {
     ClientPlan {
@@ -28,6 +28,7 @@ fn world(
         defects,
         timing: Timing::default(),
         excuse_late_copies: true,
+        io_conn: false,
     }
 }
 
@@ -182,6 +183,27 @@ pub fn failover(defects: Defects, acks: bool) -> World {
     )
 }
 
+/// Replication to the replica stalls for longer than a lease (renewals
+/// included) and the lagging replica is then promoted, on Sentinel with
+/// `replica_acks`: a holder renewing through the stall (its body outlasts
+/// its lease) and a writer waiting for the lock (issue 30, item 1).
+pub fn lagging_replica(defects: Defects) -> World {
+    world(
+        vec![
+            client(vec![Plan::write(0).body(4000)]),
+            client(vec![Plan::write(0).wait(6000)]),
+        ],
+        1,
+        Deployment::SentinelAcks,
+        Faults {
+            stall: 1,
+            failover: 1,
+            ..Faults::default()
+        },
+        defects,
+    )
+}
+
 // ------------------------------------------------------------ the races
 
 /// Race 1: a waiter's queuing attempt runs, its reply is lost, and the
@@ -274,4 +296,50 @@ pub fn verbatim_resend_after_give_up(excused: bool) -> World {
         excuse_late_copies: excused,
         ..ghost_queue_entry(Defects::TODAY)
     }
+}
+
+/// Issue 30, item 2: a client's renewals go over the I/O thread's
+/// connection, which stalls (slow), while its requests go over the
+/// caller's. Its first hold (3 s lease) has a renewal out from 1 s; a
+/// second hold with a 1 s lease is taken at 1 s over the caller's
+/// connection, and another client waits for that key.
+pub fn renewal_round_blinds(defects: Defects) -> World {
+    World {
+        io_conn: true,
+        ..world(
+            vec![
+                client(vec![
+                    Plan::write(0).body(1500),
+                    Plan::write(1).lease(1000).body(2500).start(1000),
+                ]),
+                client(vec![Plan::write(1).start(1000).wait(2500)]),
+            ],
+            2,
+            Deployment::Redis,
+            Faults {
+                slow: Some((0, IO)),
+                ..Faults::default()
+            },
+            defects,
+        )
+    }
+}
+
+/// Issue 30, item 5: a reader queued for a held lock, then a writer behind
+/// it; the reader's client may crash (nobody hears its grant then).
+pub fn dead_reader_ahead(defects: Defects) -> World {
+    world(
+        vec![
+            client(vec![Plan::write(0)]),
+            client(vec![Plan::read(0).wait(4000)]),
+            client(vec![Plan::write(0).wait(4000)]),
+        ],
+        1,
+        Deployment::Redis,
+        Faults {
+            crash: 1,
+            ..Faults::default()
+        },
+        defects,
+    )
 }

@@ -4,17 +4,19 @@
 //!
 //! Each client has a command connection (ordered), a pub/sub connection,
 //! and on Sentinel with `replica_acks` a second command connection for
-//! acquires (followed by `WAIT`). The server runs the head of any
+//! acquires (followed by `WAIT`; on one Redis, the I/O thread's connection
+//! for renewals where the world says so). The server runs the head of any
 //! connection's queue: the real scripts through [`crate::host`], called as
-//! [`crate::calls`] says. Faults, each behind a budget in [`Faults`]: a
-//! command runs but its reply is lost (the runtime's transport sends it
-//! again, a queuing attempt with the rejoin flag, as `node.rs` does); a
-//! command is repeated verbatim by a lower transport (Cluster's own
-//! retries, Sentinel's `on_primary`); one connection is slow (time passes
-//! while its messages are in flight, so its replies come late against
-//! pub/sub and the other connections); a request is cancelled at any
-//! await; a client crashes; the primary fails over to a replica that lacks
-//! the last writes. The clock moves from one timer to the next, so leases,
+//! [`crate::calls`] says. Faults, each behind a budget in
+//! [`crate::plan::Faults`]: a command runs but its reply is lost (the
+//! runtime's transport sends it again, a queuing attempt with the rejoin
+//! flag, as `node.rs` does); a command is repeated verbatim by a lower
+//! transport (Cluster's own retries, Sentinel's `on_primary`); one
+//! connection is slow (time passes while its messages are in flight, so its
+//! replies come late against pub/sub and the other connections); a request
+//! is cancelled at any await; a client crashes; the primary fails over to a
+//! replica that lacks the last writes, or every write since its replication
+//! stalled. The clock moves from one timer to the next, so leases,
 //! `min_hold` and `max_hold` pass.
 //!
 //! The clients decide as the runtime does: every decision is a call into
@@ -29,465 +31,34 @@
 //!   the lock on the main connection and the request tries again
 //!   (`sentinel.rs::acquire`);
 //! - a request's claim (`claims.rs`) lives from its start to its end: its
-//!   mailbox is in [`Req`].
+//!   mailbox is in [`Req`];
+//! - a renewal is bounded by its round's limit (`watchdog.rs::tick`: the
+//!   earliest deadline of the batch, at least 5 ms, within `op_timeout`);
+//!   with [`World::io_conn`] it goes over the I/O thread's connection, not
+//!   the caller's; on Sentinel with `replica_acks` a `WAIT` follows it and
+//!   only an acknowledged renewal moves the deadline.
+//!
+//! What a world checks is in [`crate::plan`], what its state holds in
+//! [`crate::state`]; this file moves the state, and the properties
+//! ([`crate::properties`]) judge it.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use stateright::{Model, Property};
 
 use crate::calls::{self, Call};
-use crate::decide::{
-    self, Acquiring, Answer, Failed, Listening, Next, Renewing, Route, Tick, Timing, Verdict,
-};
-use crate::defects::Defects;
+use crate::decide::{self, Answer, Failed, Listening, Next, Route, Tick, Verdict};
 use crate::host;
 use crate::keyspace::{Keyspace, Reply};
+use crate::plan::{Deployment, Plan, World, ACKS, FAILOVER_MS, IO, MAIN};
 use crate::properties;
+use crate::state::{
+    acquiring, owner_id, parse_owner, Action, Back, Client, Cmd, Fault, Ghost, Grant, Op, Outcome,
+    Owner, Phase, Push, Renewal, ReplyKey, Req, Sent, Slot, State, Task, Timer, EPOCH_MS,
+};
 
-pub use crate::calls::names;
-
-/// The server's clock reads this many ms at model time 0: tokens and
-/// clocks then have the digits they have in production (16 for µs).
-pub const EPOCH_MS: u64 = 1_700_000_000_000;
-
-/// How long a failover leaves the deployment without a primary.
-pub const FAILOVER_MS: u64 = 1000;
-
-/// The main command connection.
-pub const MAIN: u8 = 0;
-/// Sentinel with `replica_acks`: the connection for acquires and `WAIT`.
-pub const ACKS: u8 = 1;
-
-/// One lock request a client makes.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Plan {
-    pub key: u8,
-    pub read: bool,
-    pub lease: u64,
-    pub wait: u64,
-    pub min_hold: Option<u64>,
-    pub max_hold: Option<u64>,
-    /// How long the body runs once it holds the lock.
-    pub body: u64,
-    /// When the request starts.
-    pub start: u64,
-}
-
-impl Plan {
-    pub fn write(key: u8) -> Plan {
-        Plan {
-            key,
-            read: false,
-            lease: 3000,
-            wait: 0,
-            min_hold: None,
-            max_hold: None,
-            body: 500,
-            start: 0,
-        }
-    }
-    pub fn read(key: u8) -> Plan {
-        Plan {
-            read: true,
-            ..Plan::write(key)
-        }
-    }
-    pub fn wait(mut self, ms: u64) -> Self {
-        self.wait = ms;
-        self
-    }
-    pub fn lease(mut self, ms: u64) -> Self {
-        self.lease = ms;
-        self
-    }
-    pub fn body(mut self, ms: u64) -> Self {
-        self.body = ms;
-        self
-    }
-    pub fn start(mut self, ms: u64) -> Self {
-        self.start = ms;
-        self
-    }
-    pub fn min_hold(mut self, ms: u64) -> Self {
-        self.min_hold = Some(ms);
-        self
-    }
-    pub fn max_hold(mut self, ms: u64) -> Self {
-        self.max_hold = Some(ms);
-        self
-    }
-}
-
-/// One client: its requests (each its own task, all started at their
-/// `start`), and the locks whose grant channel it still listens on when
-/// the run begins (a waiter of it left less than `LINGER` ago).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
-pub struct ClientPlan {
-    pub requests: Vec<Plan>,
-    pub lingering: Vec<u8>,
-}
-
-/// Where locks live.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Deployment {
-    /// One Redis server (`backend/redis.rs`).
-    Redis,
-    /// Sentinel without `replica_acks`: one primary, as Redis, with a
-    /// replica that a failover promotes.
-    Sentinel,
-    /// Sentinel with `replica_acks` (`backend/sentinel.rs`): acquires and
-    /// their `WAIT` on a connection of their own; a handed-over grant is
-    /// confirmed by a further attempt.
-    SentinelAcks,
-}
-
-/// How many faults of each kind a run may suffer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct Faults {
-    /// A command runs, its reply is lost and its connection cut; the
-    /// runtime's transport sends it again (`node.rs::retrying`).
-    pub lose_reply: u8,
-    /// A command runs, its reply is lost, and a lower transport sends it
-    /// again as it was (no rejoin flag): Cluster's `retries(3)`,
-    /// Sentinel's `on_primary`.
-    pub resend_verbatim: u8,
-    /// A request's future dropped at any await.
-    pub cancel: u8,
-    /// A client process dies.
-    pub crash: u8,
-    /// One connection whose messages may stay in flight while time passes:
-    /// (client, connection; [`MAIN`], [`ACKS`], or 2 for pub/sub).
-    pub slow: Option<(u8, u8)>,
-    /// Sentinel: the primary dies and a replica that lacks the writes of
-    /// the current instant is promoted ([`FAILOVER_MS`] later).
-    pub failover: u8,
-}
-
-/// A world to check.
-#[derive(Debug, Clone)]
-pub struct World {
-    pub clients: Vec<ClientPlan>,
-    pub keys: u8,
-    pub deployment: Deployment,
-    pub faults: Faults,
-    pub defects: Defects,
-    pub timing: Timing,
-    /// Excuse what a copy of a command leaves when a lower transport
-    /// delivers it after the request that sent it ended (a documented
-    /// limit: it lapses with its lease or its queue stay). Off: the checker
-    /// reports it.
-    pub excuse_late_copies: bool,
-}
-
-/// An owner id within its client: `<client>:<n>` or `<client>:r<n>`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Owner {
-    pub n: u8,
-    pub read: bool,
-}
-
-/// A command a client sends.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum Cmd {
-    Acquire {
-        key: u8,
-        owner: Owner,
-        lease: u64,
-        stay: Option<u64>,
-        rejoin: bool,
-    },
-    Release {
-        key: u8,
-        owner: Owner,
-    },
-    Renew {
-        key: u8,
-        owner: Owner,
-        lease: u64,
-    },
-    /// The release of a hold with `left` ms of `min_hold` (`guard.rs::keep`).
-    Keep {
-        key: u8,
-        owner: Owner,
-        left: u64,
-    },
-    /// `node.rs::still_queued`: HEXISTS, GET, ZSCORE.
-    StillQueued {
-        key: u8,
-        owner: Owner,
-    },
-    Wait,
-}
-
-/// Who waits for a command's answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Task {
-    Req(u8),
-    Renewal(Owner),
-    Background,
-}
-
-/// A command in flight, as the runtime's transport keeps it.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Op {
-    pub conn: u8,
-    pub cmd: Cmd,
-    pub task: Task,
-    /// No answer by then: the send fails (`op_timeout`).
-    pub deadline: u64,
-    pub sent_at: u64,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Sent {
-    pub op: u8,
-    pub cmd: Cmd,
-    /// A copy a lower transport sends again on its own.
-    pub copy: bool,
-}
-
-/// An answer on a command connection; `None`: the connection was cut.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Back {
-    pub op: u8,
-    pub reply: Option<ReplyKey>,
-}
-
-/// A reply in a hashable form.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum ReplyKey {
-    Acquire(Answer),
-    Int(i64),
-    Flag(bool),
-}
-
-/// What the pub/sub connection carries to a client.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum Push {
-    Subscribed(u8),
-    Grant {
-        key: u8,
-        owner: Owner,
-        fence: u64,
-        at: u64,
-    },
-}
-
-/// A grant kept for its request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Grant {
-    pub fence: u64,
-    /// Server ms of the hand-off.
-    pub at: u64,
-}
-
-/// `wakeups.rs::Slot`: the waiters of one lock's grant channel.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
-pub struct Slot {
-    pub waiters: u8,
-    pub ready: bool,
-    /// Nobody waits: unsubscribe at this time (`LINGER`).
-    pub linger: Option<u64>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum Phase {
-    NotStarted,
-    Attempting(u8),
-    /// Sentinel with acks: the grant, waiting for `WAIT`.
-    Acking(u8, Answer),
-    /// Sentinel with acks: `WAIT` failed, and the attempt releases what it
-    /// took before it returns (`sentinel.rs::acquire`).
-    Unacking(u8),
-    Subscribing,
-    Checking(u8),
-    Napping(u64),
-    Pausing(u64),
-    Held {
-        fence: u64,
-        from: u64,
-        body_end: u64,
-    },
-    Releasing(u8),
-    Done(Outcome),
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Outcome {
-    Released,
-    Failed(Failed),
-    Lost,
-    Crashed,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Req {
-    pub owner: Owner,
-    pub phase: Phase,
-    pub acq: Acquiring,
-    /// The holder's remaining TTL from the last busy answer.
-    pub ttl: Option<u64>,
-    /// Registered in the wakeups (`Waiter`).
-    pub waiter: bool,
-    /// The claim's mailbox (`claims.rs`): a grant for `owner` heard while
-    /// the request lives.
-    pub mailbox: Option<Grant>,
-    /// Once held: when its lease started (`Hold::acquired_at`).
-    pub held_from: u64,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Renewal {
-    pub key: u8,
-    pub lease: u64,
-    pub r: Renewing,
-    /// The renewal in flight: (op, sent at, lease sent).
-    pub sending: Option<(u8, u64, u64)>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Client {
-    pub alive: bool,
-    pub reqs: Vec<Req>,
-    pub next_owner: u8,
-    pub next_op: u8,
-    pub ops: BTreeMap<u8, Op>,
-    pub out: [Vec<Sent>; 2],
-    pub inbox: [Vec<Back>; 2],
-    /// SUBSCRIBE (true) / UNSUBSCRIBE (false) of a key's grant channel.
-    pub sub_out: Vec<(bool, u8)>,
-    pub sub_in: Vec<Push>,
-    pub slots: BTreeMap<u8, Slot>,
-    /// Grants nobody claims, with when their orphan timer fires.
-    pub unclaimed: BTreeMap<Owner, (u8, Grant, u64)>,
-    pub settled: BTreeSet<Owner>,
-    pub watchdog: BTreeMap<Owner, Renewal>,
-}
-
-/// What the properties look at: who holds what, by the clients' own
-/// account, and what the world did that excuses a lock or entry nobody
-/// asked for.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
-pub struct Ghost {
-    /// (key, client, owner, fence).
-    pub holders: BTreeSet<(u8, u8, Owner, u64)>,
-    /// The highest token any writer held with, per key.
-    pub max_fence: BTreeMap<u8, u64>,
-    /// Every writer's token, per key: (key, token).
-    pub writer_fences: BTreeSet<(u8, u64)>,
-    /// Tokens of writers whose hold a failover lost: (key, token).
-    pub lost_fences: BTreeSet<(u8, u64)>,
-    /// Locks left taken on purpose: `min_hold` releases, and crashed
-    /// holders until their lease ends: (key, client, owner, until).
-    pub kept: BTreeSet<(u8, u8, Owner, u64)>,
-    /// Owners whose lock or queue entry a late copy of a command wrote (see
-    /// [`World::excuse_late_copies`]), or a failover brought back:
-    /// (key, client, owner).
-    pub excused: BTreeSet<(u8, u8, Owner)>,
-    /// Holders whose lock a failover lost: they hold no more, and must be
-    /// told at their next renewal.
-    pub lost_by_failover: BTreeSet<(u8, u8, Owner)>,
-    /// A violation seen on a transition: its description.
-    pub violation: Option<String>,
-    /// A waiter was handed a lock by a release (for `sometimes`).
-    pub handed_over: bool,
-    /// A failover happened while someone held a lock (for `sometimes`):
-    /// (a holder kept it, a holder lost it).
-    pub failover_under_hold: (bool, bool),
-    pub crashed: BTreeSet<u8>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct State {
-    pub now: u64,
-    pub ks: Keyspace,
-    /// Sentinel, before a failover: the replica's keyspace while it lacks
-    /// writes of the primary (`None`: in step).
-    pub replica: Option<Keyspace>,
-    /// A failover is under way: no primary until then.
-    pub down_until: Option<u64>,
-    /// Grant channels subscribed on the server: (client, key).
-    pub subs: BTreeSet<(u8, u8)>,
-    pub clients: Vec<Client>,
-    pub budget: Faults,
-    pub ghost: Ghost,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Fault {
-    None,
-    LoseReply,
-    ResendVerbatim,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Timer {
-    Req(u8),
-    OpDeadline(u8),
-    Renewal(Owner),
-    Orphan(Owner),
-    Linger(u8),
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum Action {
-    /// The server runs the next command of a client's connection.
-    Serve {
-        client: u8,
-        conn: u8,
-        fault: Fault,
-    },
-    /// The server takes the next (UN)SUBSCRIBE of a client.
-    ServeSub {
-        client: u8,
-    },
-    /// A client reads the next answer on a command connection.
-    Deliver {
-        client: u8,
-        conn: u8,
-    },
-    /// A client reads the next pub/sub message.
-    DeliverPush {
-        client: u8,
-    },
-    Fire {
-        client: u8,
-        timer: Timer,
-    },
-    /// The clock moves to the next timer.
-    Tick(u64),
-    Cancel {
-        client: u8,
-        req: u8,
-    },
-    Crash {
-        client: u8,
-    },
-    /// The replica catches up with the primary.
-    Replicate,
-    /// The primary dies; the replica, as it is, takes over.
-    Failover,
-}
-
-pub fn owner_id(c: u8, o: Owner) -> String {
-    format!("c{c}:{}{}", if o.read { "r" } else { "" }, o.n)
-}
-
-pub fn parse_owner(s: &str) -> Option<(u8, Owner)> {
-    let (c, rest) = s.split_once(':')?;
-    let c: u8 = c.strip_prefix('c')?.parse().ok()?;
-    let (read, n) = match rest.strip_prefix('r') {
-        Some(n) => (true, n),
-        None => (false, rest),
-    };
-    Some((
-        c,
-        Owner {
-            n: n.parse().ok()?,
-            read,
-        },
-    ))
-}
+/// The least a renewal round waits for its answers (`watchdog.rs::tick`).
+pub const ROUND_MIN: u64 = 5;
 
 impl World {
     fn plan(&self, c: u8, r: u8) -> &Plan {
@@ -515,6 +86,20 @@ impl World {
         }
     }
 
+    /// The connection the watchdog's renewals take.
+    fn renew_conn(&self) -> u8 {
+        if self.io_conn {
+            IO
+        } else {
+            MAIN
+        }
+    }
+
+    /// Whether a renewal moves the deadline only once the replicas have it.
+    fn renewals_confirmed(&self) -> bool {
+        self.deployment == Deployment::SentinelAcks && !self.defects.renewal_unacked
+    }
+
     fn is_slow(&self, c: u8, conn: u8) -> bool {
         self.faults.slow == Some((c, conn))
     }
@@ -527,6 +112,21 @@ impl World {
         if let Some(by) = by {
             deadline = deadline.min(by.max(now + self.timing.min_send));
         }
+        self.send_until(s, c, conn, cmd, task, deadline)
+    }
+
+    /// Send `cmd` for `task` on `conn`, failing with no answer by
+    /// `deadline`.
+    fn send_until(
+        &self,
+        s: &mut State,
+        c: u8,
+        conn: u8,
+        cmd: Cmd,
+        task: Task,
+        deadline: u64,
+    ) -> u8 {
+        let now = s.now;
         let cl = &mut s.clients[c as usize];
         let op = cl.next_op;
         cl.next_op += 1;
@@ -653,11 +253,17 @@ impl World {
                 ReplyKey::Acquire(read_acquire(&self.run(s, call)))
             }
             Cmd::Release { key, owner } => {
-                let call = calls::release(key, &owner_id(c, owner), self.timing.fence_ttl);
-                match self.run(s, call) {
+                let id = owner_id(c, owner);
+                let call = calls::release(key, &id, self.timing.fence_ttl, d.release_before_fixes);
+                let queued = properties::queued_behind(s, key);
+                let reply = match self.run(s, call) {
                     Reply::Int(i) => ReplyKey::Int(i),
                     other => panic!("release.lua answered {other:?}"),
+                };
+                if queued {
+                    properties::on_release(s, key);
                 }
+                reply
             }
             Cmd::Renew { key, owner, lease } => {
                 let call = calls::renew(key, &owner_id(c, owner), owner.read, lease);
@@ -693,7 +299,8 @@ impl World {
                 ReplyKey::Flag(yes)
             }
             // The replicas acknowledge: `WAIT` answers once they have every
-            // write so far.
+            // write so far; a stalled replica never does.
+            Cmd::Wait if s.stalled => ReplyKey::Int(0),
             Cmd::Wait => {
                 s.replica = None;
                 ReplyKey::Int(1)
@@ -1002,16 +609,27 @@ impl World {
                 let Some(e) = s.clients[c as usize].watchdog.get_mut(&owner) else {
                     return;
                 };
-                let Some((sent_op, sent_at, sent)) = e.sending else {
+                let Some((sent_op, sent_at, sent, limit)) = e.sending else {
                     return;
                 };
                 if sent_op != op {
                     return;
                 }
+                if self.renewals_confirmed() && reply == Some(ReplyKey::Flag(true)) {
+                    // The primary renewed: the deadline moves once the
+                    // replicas have it too (a `WAIT` behind the renewal on
+                    // its connection, within the round's limit).
+                    let conn = self.renew_conn();
+                    let w = self.send_until(s, c, conn, Cmd::Wait, Task::Renewal(owner), limit);
+                    let e = s.clients[c as usize].watchdog.get_mut(&owner).unwrap();
+                    e.sending = Some((w, sent_at, sent, limit));
+                    return;
+                }
                 e.sending = None;
                 let verdict = match reply {
-                    Some(ReplyKey::Flag(true)) => Verdict::Renewed,
+                    Some(ReplyKey::Flag(true)) | Some(ReplyKey::Int(1)) => Verdict::Renewed,
                     Some(ReplyKey::Flag(false)) => Verdict::NotOwner,
+                    // No answer, or a `WAIT` the replicas did not meet.
                     _ => Verdict::NoAnswer,
                 };
                 let lease = e.lease;
@@ -1038,12 +656,12 @@ impl World {
                         }
                     }
                     Phase::Acking(o, a) if o == op => {
-                        if reply.is_some() {
+                        if reply == Some(ReplyKey::Int(1)) {
                             self.answered(s, c, r, a);
                         } else {
-                            // No word from the replicas: the attempt
-                            // releases the lock on the main connection,
-                            // then fails.
+                            // No word from the replicas (or too few): the
+                            // attempt releases the lock on the main
+                            // connection, then fails.
                             let key = self.plan(c, r).key;
                             let owner = s.clients[c as usize].reqs[r as usize].owner;
                             let cmd = Cmd::Release { key, owner };
@@ -1201,8 +819,12 @@ impl World {
             for (&op, o) in &cl.ops {
                 out.push((c, Timer::OpDeadline(op), o.deadline));
             }
+            // One round at a time (race switch): no hold is looked at while
+            // any renewal of the client is out, even one whose hold ended.
+            let round_out = self.defects.watchdog_one_round
+                && cl.ops.values().any(|o| matches!(o.task, Task::Renewal(_)));
             for (&owner, e) in &cl.watchdog {
-                if e.sending.is_none() {
+                if e.sending.is_none() && !round_out {
                     out.push((c, Timer::Renewal(owner), e.r.due().0));
                 }
             }
@@ -1233,21 +855,47 @@ impl World {
                 self.to_task(s, c, op, o.task, None);
             }
             Timer::Renewal(owner) => {
-                let e = &s.clients[c as usize].watchdog[&owner];
-                match decide::tick(&e.r, now, e.lease) {
-                    Tick::MaxHold => self.lose(s, c, owner),
-                    Tick::Renew(lease) => {
-                        let lease = decide::ms(lease);
-                        let key = e.key;
-                        let cmd = Cmd::Renew { key, owner, lease };
-                        let op = self.send(s, c, MAIN, cmd, Task::Renewal(owner), None);
-                        s.clients[c as usize]
-                            .watchdog
-                            .get_mut(&owner)
-                            .unwrap()
-                            .sending = Some((op, now, lease));
+                // The hold that fell due; in one round at a time (race
+                // switch), with every hold that would fall due before its
+                // next tick, as `watchdog.rs::tick` batches them.
+                let cl = &s.clients[c as usize];
+                let mut batch = vec![owner];
+                if self.defects.watchdog_one_round {
+                    batch.extend(cl.watchdog.iter().filter_map(|(&o, e)| {
+                        let due = decide::tick(&e.r, now, e.lease) != Tick::NotYet;
+                        (o != owner && e.sending.is_none() && due).then_some(o)
+                    }));
+                }
+                let mut sends = Vec::new();
+                for o in batch {
+                    let e = &s.clients[c as usize].watchdog[&o];
+                    match decide::tick(&e.r, now, e.lease) {
+                        Tick::MaxHold => self.lose(s, c, o),
+                        Tick::Renew(lease) => {
+                            sends.push((o, e.key, decide::ms(lease), e.r.deadline.0))
+                        }
+                        Tick::NotYet => unreachable!("a renewal due but not sent"),
                     }
-                    Tick::NotYet => unreachable!("a renewal due but not sent"),
+                }
+                // The round waits for its answers until the earliest
+                // deadline of its batch (at least `ROUND_MIN`), within
+                // `op_timeout`.
+                let Some(earliest) = sends.iter().map(|x| x.3).min() else {
+                    return;
+                };
+                let limit = earliest
+                    .max(now + ROUND_MIN)
+                    .min(now + self.timing.op_timeout);
+                for (o, key, lease, _) in sends {
+                    let cmd = Cmd::Renew {
+                        key,
+                        owner: o,
+                        lease,
+                    };
+                    let conn = self.renew_conn();
+                    let op = self.send_until(s, c, conn, cmd, Task::Renewal(o), limit);
+                    let e = s.clients[c as usize].watchdog.get_mut(&o).unwrap();
+                    e.sending = Some((op, now, lease, limit));
                 }
             }
             Timer::Orphan(owner) => {
@@ -1320,6 +968,7 @@ impl World {
         let mut ks = s.replica.take().expect("a failover loses writes");
         ks.expire(EPOCH_MS + s.now);
         s.ks = ks;
+        s.stalled = false;
         s.down_until = Some(s.now + FAILOVER_MS);
         s.subs.clear();
         properties::on_failover(self, s, &before);
@@ -1444,6 +1093,7 @@ impl World {
             ks: Keyspace::default(),
             replica: None,
             down_until: None,
+            stalled: false,
             subs,
             clients,
             budget: self.faults,
@@ -1484,20 +1134,6 @@ fn read_renewed(reply: &Reply) -> bool {
         Reply::Bulk(b) => b == "1",
         other => panic!("renew answered {other:?}"),
     }
-}
-
-/// A request between its start and its guard.
-pub fn acquiring(p: &Phase) -> bool {
-    matches!(
-        p,
-        Phase::Attempting(_)
-            | Phase::Acking(..)
-            | Phase::Unacking(_)
-            | Phase::Subscribing
-            | Phase::Checking(_)
-            | Phase::Napping(_)
-            | Phase::Pausing(_)
-    )
 }
 
 impl Model for World {
@@ -1560,10 +1196,16 @@ impl Model for World {
             }
         }
         if s.replica.is_some() {
-            actions.push(Action::Replicate);
+            if !s.stalled {
+                actions.push(Action::Replicate);
+            }
             if b.failover > 0 {
                 actions.push(Action::Failover);
             }
+        }
+        if b.stall > 0 && b.failover > 0 && !s.stalled && up && self.deployment != Deployment::Redis
+        {
+            actions.push(Action::Stall);
         }
         let timers = self.timers(s);
         let mut due = false;
@@ -1645,8 +1287,11 @@ impl Model for World {
             Action::Tick(t) => {
                 s.now = t;
                 s.ks.expire(EPOCH_MS + t);
-                // Replication lags less than a step of the clock.
-                s.replica = None;
+                // Replication lags less than a step of the clock, unless
+                // it stalled.
+                if !s.stalled {
+                    s.replica = None;
+                }
                 if s.down_until.is_some_and(|d| d <= t) {
                     s.down_until = None;
                 }
@@ -1663,6 +1308,15 @@ impl Model for World {
             Action::Failover => {
                 s.budget.failover -= 1;
                 self.failover(&mut s);
+            }
+            Action::Stall => {
+                s.budget.stall -= 1;
+                s.stalled = true;
+                // The replica has what it had: the primary's writes so far,
+                // or fewer if it lags already.
+                if s.replica.is_none() {
+                    s.replica = Some(s.ks.clone());
+                }
             }
         }
         Some(s)

@@ -9,7 +9,7 @@ use lock_model::scenarios;
 
 const D: Defects = Defects::TODAY;
 
-fn clean(name: &str, world: lock_model::world::World) {
+fn clean(name: &str, world: lock_model::plan::World) {
     let r = check::run(name, world, None);
     r.assert_clean();
     r.assert_reached(HANDED_OVER);

@@ -1,15 +1,17 @@
-//! The four races of delayed and repeated replies, fixed in the code. Each
-//! has a switch in `Defects` that restores the old behaviour: with the
-//! switch on, the checker finds a counterexample (printed here as the
-//! proof); with it off (the code as it is), none in the same world.
+//! The four races of delayed and repeated replies, fixed in the code, and
+//! a watchdog blinded by a renewal round in flight (issue 30, item 2; the
+//! other race of issue 30 is in `failover.rs`). Each has a switch in
+//! `Defects` that restores the old behaviour: with the switch on, the
+//! checker finds a counterexample (printed here as the proof); with it off
+//! (the code as it is), none in the same world.
 //! And the limit that stays: a copy of an acquire delivered after its
 //! request ended.
 
 use lock_model::check::{self, Report};
 use lock_model::defects::Defects;
+use lock_model::plan::World;
 use lock_model::properties::*;
 use lock_model::scenarios;
-use lock_model::world::World;
 
 /// With the switch on: a counterexample of `property`, returned.
 fn found(name: &str, world: World, property: &'static str) -> String {
@@ -101,6 +103,53 @@ fn race_4_a_renewal_resent_after_a_min_hold_release_restores_the_full_lease() {
     clean(
         "race 4, switch off",
         scenarios::renewal_after_keep(Defects::TODAY),
+    );
+}
+
+/// Issue 30, item 2: renewals go over the I/O thread's connection, which
+/// stalls with a round out; a hold with a short lease taken meanwhile over
+/// the caller's connection is not looked at until that round returns
+/// (switch on): it lapses in Redis, another client takes the key, and the
+/// holder still runs. Watched on its own (off), it is declared lost at its
+/// deadline.
+#[test]
+fn issue_30_2_a_renewal_round_in_flight_does_not_blind_the_watchdog() {
+    let on = Defects {
+        watchdog_one_round: true,
+        ..Defects::TODAY
+    };
+    let t = found(
+        "a round in flight, one round at a time",
+        scenarios::renewal_round_blinds(on),
+        MUTUAL_EXCLUSION,
+    );
+    assert!(t.contains("timer Renewal"), "{t}");
+    clean(
+        "a round in flight, every hold watched on its own",
+        scenarios::renewal_round_blinds(Defects::TODAY),
+    );
+}
+
+/// Issue 30, item 5: a reader at the head of the queue whose client died
+/// (nobody hears its grant), a writer queued behind it. `release.lua`
+/// without its fix (switch on) passes the reader over, stops at the writer
+/// and frees the lock: the writer, listening, stays queued until its next
+/// attempt. With the fix (off), the same release serves the writer.
+#[test]
+fn issue_30_5_a_writer_behind_a_reader_nobody_hears_is_served_by_the_release() {
+    let on = Defects {
+        release_before_fixes: true,
+        ..Defects::TODAY
+    };
+    let t = found(
+        "a dead reader ahead of a writer, release.lua before the fix",
+        scenarios::dead_reader_ahead(on),
+        QUEUE_SERVED,
+    );
+    assert!(t.contains("Crash") && t.contains("stalled"), "{t}");
+    clean(
+        "a dead reader ahead of a writer",
+        scenarios::dead_reader_ahead(Defects::TODAY),
     );
 }
 

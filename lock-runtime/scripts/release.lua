@@ -151,7 +151,6 @@ end
 -- of the queue join them. Returns whether anyone was served.
 local function serve(joining)
   clock()
-  local serving = joining
   local served = false
   -- Readers handed the lock together share one token: the hold's own if
   -- they join one, else the releasing writer's (no new one is needed: it
@@ -161,7 +160,10 @@ local function serve(joining)
   local read_token = (tok ~= '' and tok ~= '-' and not forced) and tok or nil
   local token
   while true do
-    local head, lease, fenced = next_waiter(serving)
+    -- Only readers that heard (or the hold they join) stop the scan at a
+    -- writer: one nobody heard, dead or not listening yet, is passed over
+    -- as a writer nobody heard is, and the writer behind it is served.
+    local head, lease, fenced = next_waiter(joining or served)
     if not head then
       break
     end
@@ -179,8 +181,9 @@ local function serve(joining)
       if fenced and not read_token then
         read_token = next_token()
       end
-      if not serving then
-        serving = true
+      if not (joining or served) then
+        -- (Again after a reader nobody heard: the hold lives as long as
+        -- the readers that did.)
         redis.call('del', readers)
         redis.call('set', lock, '~r', 'PX', lease)
       end

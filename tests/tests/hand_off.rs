@@ -228,6 +228,154 @@ async fn a_dead_waiter_does_not_stall_the_lock() {
     );
 }
 
+/// Clients whose waiters ask again only after a minute: within a test, a
+/// waiter gets the lock by a hand-off or not at all.
+async fn patient_clients(server: &RedisServer, n: usize) -> Vec<LockClient> {
+    let mut v = Vec::new();
+    for _ in 0..n {
+        let c = LockClient::builder()
+            .retry_delay(Duration::from_secs(60))
+            .connect(&server.url())
+            .await
+            .unwrap();
+        v.push(c);
+    }
+    v
+}
+
+/// Queues a reader whose client nobody hears (it died, or does not listen
+/// yet) behind `key`'s holder: its queue entry, written by `acquire.lua`
+/// as the client's attempt would have.
+fn queue_a_dead_reader(server: &RedisServer, key: &str) {
+    assert_eq!(
+        Scripts::new(server, key).acquire("dead:r1"),
+        0,
+        "the dead reader queues"
+    );
+}
+
+/// A reader at the head of the queue whose client nobody hears (dead, or
+/// not subscribed yet) is passed over by the release, and the writer
+/// queued behind it is handed the lock by that same release: it does not
+/// wait a `retry_delay` (a minute here) for its next attempt, and no
+/// barging reader gets in first.
+#[tokio::test]
+async fn a_writer_behind_a_reader_nobody_hears_is_served_at_once() {
+    let server = RedisServer::start();
+    let clients = patient_clients(&server, 2).await;
+    let key = unique("dead-reader");
+    let lock = format!("lock:{{{key}}}");
+    let holder = clients[0].lock(&key).await.unwrap();
+    queue_a_dead_reader(&server, &key);
+    let writer = {
+        let (c, key) = (clients[1].clone(), key.clone());
+        tokio::spawn(async move { c.lock(&key).wait(Duration::from_secs(30)).await })
+    };
+    let ready = eventually(Duration::from_secs(10), || {
+        let listening: Vec<String> =
+            server.cmd(&["PUBSUB", "CHANNELS", &format!("{lock}:granted:*")]);
+        queued(&server, &key) == 2 && listening.len() == 1
+    })
+    .await;
+    assert!(ready, "the writer did not queue behind the dead reader");
+    server.reset_stats();
+    let first = holder.fence();
+    let released = Instant::now();
+    holder.release().await.unwrap();
+    // The release itself handed the lock over.
+    let owner = server.owner_of(&lock).unwrap_or_default();
+    assert!(
+        owner.starts_with(&format!("{}:", clients[1].id())) && !owner.contains(":r"),
+        "after the release the lock is {owner:?}, not the queued writer's: {:?}",
+        server.keys(&format!("{lock}*"))
+    );
+    let g = tokio::time::timeout(Duration::from_secs(5), writer)
+        .await
+        .expect("the writer was not granted within 5 s")
+        .unwrap()
+        .unwrap();
+    let granted = released.elapsed();
+    println!("the writer behind a dead reader was granted {granted:?} after the release");
+    assert_eq!(g.holder(), owner);
+    assert!(g.fence() > first, "tokens must rise");
+    // By the hand-off, not by an attempt of its own.
+    assert_eq!(script_calls(&server), 1, "the writer asked again");
+    assert!(
+        granted < Duration::from_secs(2),
+        "granted {granted:?} after the release"
+    );
+    assert_eq!(queued(&server, &key), 0, "the dead reader is still queued");
+    g.release().await.unwrap();
+    assert_eq!(
+        server.keys(&format!("{lock}*")),
+        Vec::<String>::new(),
+        "something of the lock is left"
+    );
+}
+
+/// Passing a dead reader over keeps the queue's order: a live reader
+/// behind it is served (with the readers right behind it), and the writer
+/// queued after them waits for their release, which then hands it the
+/// lock.
+#[tokio::test]
+async fn a_live_reader_behind_a_dead_one_is_served_before_the_writer_behind_it() {
+    let server = RedisServer::start();
+    let clients = patient_clients(&server, 3).await;
+    let key = unique("dead-then-live-reader");
+    let lock = format!("lock:{{{key}}}");
+    let holder = clients[0].lock(&key).await.unwrap();
+    queue_a_dead_reader(&server, &key);
+    let wait = Duration::from_secs(30);
+    let reader = {
+        let (c, key) = (clients[1].clone(), key.clone());
+        tokio::spawn(async move { c.read_lock(&key).wait(wait).await })
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || queued(&server, &key) == 2
+            && clients[1].waiting_here(&key) == 1)
+        .await,
+        "the reader did not queue"
+    );
+    let writer = {
+        let (c, key) = (clients[2].clone(), key.clone());
+        tokio::spawn(async move { c.lock(&key).wait(wait).await })
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || queued(&server, &key) == 3
+            && clients[2].waiting_here(&key) == 1)
+        .await,
+        "the writer did not queue"
+    );
+    server.reset_stats();
+    let first = holder.fence();
+    holder.release().await.unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(5), reader)
+        .await
+        .expect("the live reader was not granted")
+        .unwrap()
+        .unwrap();
+    assert!(r.fence() >= first);
+    assert_eq!(server.owner_of(&lock).as_deref(), Some("~r"));
+    assert_eq!(queued(&server, &key), 1, "the writer stays queued");
+    assert!(!writer.is_finished(), "the writer got in beside a reader");
+    let read = r.fence();
+    r.release().await.unwrap();
+    let w = tokio::time::timeout(Duration::from_secs(5), writer)
+        .await
+        .expect("the writer was not granted after the reader left")
+        .unwrap()
+        .unwrap();
+    assert!(w.fence() > read, "tokens must rise");
+    // Two releases, each a hand-off: no waiter asked again.
+    assert_eq!(script_calls(&server), 2, "a waiter asked again");
+    w.release().await.unwrap();
+    assert_eq!(
+        server.keys(&format!("{lock}*")),
+        Vec::<String>::new(),
+        "something of the lock is left"
+    );
+}
+
 /// A waiter that gives up and one whose future is dropped leave the queue
 /// at once; the holder's release then goes to the one still waiting, and
 /// nothing is left after it releases.
@@ -402,6 +550,42 @@ async fn a_release_sent_again_after_handing_over_says_released() {
         s.release("c:1"),
         -1,
         "a stranger's release is still refused"
+    );
+}
+
+/// The release that passed a dead reader over and handed the lock to the
+/// writer behind it is sent again (its reply was lost): the repeat says
+/// released and leaves the writer's hold as it is.
+#[tokio::test]
+async fn a_release_that_passed_a_dead_reader_over_is_safe_to_send_again() {
+    let server = RedisServer::start();
+    let key = unique("resent-past-dead-reader");
+    let lock = format!("lock:{{{key}}}");
+    let mut s = Scripts::new(&server, &key);
+    assert_eq!(s.acquire("a:1"), 1);
+    assert_eq!(s.acquire("dead:r1"), 0, "the dead reader queues");
+    assert_eq!(s.acquire("b:1"), 0, "b queues behind it");
+    let mut sub = server.conn();
+    let _: () = redis::cmd("SUBSCRIBE")
+        .arg(format!("{lock}:granted:b"))
+        .query(&mut sub)
+        .unwrap();
+    assert_eq!(s.release("a:1"), 1, "a releases, handing over to b");
+    assert_eq!(
+        server.owner_of(&lock).as_deref(),
+        Some("b:1"),
+        "after the release: {:?}",
+        server.keys(&format!("{lock}*"))
+    );
+    let held: String = server.cmd(&["GET", &lock]);
+    assert_eq!(s.release("a:1"), 1, "the same release, sent again");
+    let again: String = server.cmd(&["GET", &lock]);
+    assert_eq!(again, held, "the repeat touched b's lock");
+    assert_eq!(s.release("b:1"), 1);
+    assert_eq!(
+        server.keys(&format!("{lock}*")),
+        Vec::<String>::new(),
+        "something of the lock is left"
     );
 }
 
