@@ -85,12 +85,16 @@ struct Task {
 /// Set once, when the watchdog gives a lock up: why, and the waiters. An
 /// atomic and a `Notify` rather than a `watch` channel: it is allocated for
 /// every held lock, and a `watch` channel is several times its size.
-#[derive(Default)]
 struct LostSignal {
     /// 0 held, else an [`Ended`] as `u8`.
     ended: AtomicU8,
     /// `max_hold` in ms (0: none), for the error that reports it.
     max_hold_ms: AtomicU32,
+    /// The hold's deadline, in ns after `since`: past it the hold is lost
+    /// whatever the watchdog's timers are doing (a busy or paused thread
+    /// sets the flag late; the clock tells the holder in time).
+    deadline_ns: AtomicU64,
+    since: Instant,
     notify: Notify,
 }
 
@@ -106,6 +110,33 @@ pub(crate) enum Ended {
 }
 
 impl LostSignal {
+    fn new(since: Instant, deadline: Instant) -> Self {
+        let signal = LostSignal {
+            ended: AtomicU8::new(0),
+            max_hold_ms: AtomicU32::new(0),
+            deadline_ns: AtomicU64::new(0),
+            since,
+            notify: Notify::new(),
+        };
+        signal.book(deadline);
+        signal
+    }
+
+    /// The deadline moved (a renewal was answered).
+    fn book(&self, deadline: Instant) {
+        let ns = deadline.saturating_duration_since(self.since).as_nanos();
+        self.deadline_ns
+            .store(u64::try_from(ns).unwrap_or(u64::MAX), Ordering::Release);
+    }
+
+    /// Past the deadline by the clock: the lock may be someone else's.
+    fn past_deadline(&self) -> bool {
+        let now = Instant::now()
+            .saturating_duration_since(self.since)
+            .as_nanos();
+        u64::try_from(now).unwrap_or(u64::MAX) >= self.deadline_ns.load(Ordering::Acquire)
+    }
+
     fn set(&self) {
         self.end(Ended::Lost);
     }
@@ -146,7 +177,16 @@ pub(crate) struct Held {
 
 impl Held {
     pub(crate) fn is_lost(&self) -> bool {
-        self.lost.is_set()
+        if self.lost.is_set() {
+            return true;
+        }
+        // Its deadline passed and the watchdog has not said so yet (its
+        // timer is late): lost now, as the watchdog will find.
+        if self.lost.past_deadline() {
+            self.lost.set();
+            return true;
+        }
+        false
     }
 
     /// Why the hold ended, if the watchdog ended it; with `max_hold` when
@@ -231,7 +271,8 @@ impl Watchdog {
         until: Option<Instant>,
     ) -> Held {
         let key: EntryKey = (renewal.name.hash.clone(), renewal.owner.clone());
-        let lost = LostSignal::default();
+        let timing = Renewing::start(granted_at, renewal.lease, drift, until);
+        let lost = LostSignal::new(granted_at, timing.deadline);
         if let Some(u) = until {
             let max_hold = u.saturating_duration_since(granted_at).as_millis();
             lost.max_hold_ms.store(
@@ -241,7 +282,7 @@ impl Watchdog {
         }
         let entry = Entry {
             id: self.shared.next_id.fetch_add(1, Ordering::Relaxed),
-            timing: Renewing::start(granted_at, renewal.lease, drift, until),
+            timing,
             lost: Arc::new(lost),
             renewal,
             slot: (0, 0),
@@ -564,13 +605,17 @@ impl Round {
                 Some(Renewed::NotOwner) => Verdict::NotOwner,
                 _ => Verdict::NoAnswer,
             };
+            // A holder already told (its deadline passed by the clock)
+            // stays lost, whatever a late answer says.
+            let told = entry.lost.is_set();
             let lost = entry.timing.answered(
                 verdict,
                 (sent_at, sent),
                 entry.renewal.lease,
                 backend.drift(sent),
                 now,
-            );
+            ) || told;
+            entry.lost.book(entry.timing.deadline);
             match (&outcome, lost) {
                 (Some(Renewed::NotOwner), _) => {
                     tracing::warn!(key = %entry.renewal.name.key, "lock lost: Redis no longer has it for this holder");
@@ -606,6 +651,36 @@ mod tests {
     use super::*;
     use crate::backend::fake::BoxFuture;
     use crate::key::LockName;
+
+    /// A holder asks past its deadline while the watchdog's timer has not
+    /// run (a busy or paused I/O thread): the clock says lost, and it stays
+    /// so. Before, `is_lost()` read only the flag the timer sets, and said
+    /// "held" after Redis could have given the lock to someone else.
+    #[tokio::test(start_paused = true)]
+    async fn a_hold_past_its_deadline_is_lost_before_the_watchdog_says_so() {
+        let start = Instant::now();
+        let held = Held {
+            id: 1,
+            lost: Arc::new(LostSignal::new(start, start + Duration::from_secs(1))),
+        };
+        tokio::time::advance(Duration::from_millis(999)).await;
+        assert!(!held.is_lost(), "lost before its deadline");
+        // A renewal answered: the deadline moves, and the hold is held.
+        held.lost.book(start + Duration::from_secs(2));
+        tokio::time::advance(Duration::from_millis(500)).await;
+        assert!(!held.is_lost(), "a booked renewal did not count");
+        tokio::time::advance(Duration::from_millis(501)).await;
+        assert!(held.is_lost(), "held past its deadline");
+        // Told once, told for good: a late renewal's answer books nothing
+        // back.
+        held.lost.book(start + Duration::from_secs(10));
+        assert!(held.is_lost());
+        assert_eq!(held.ended().map(|(why, _)| why), Some(Ended::Lost));
+        // And the `lost()` future resolves.
+        tokio::time::timeout(Duration::from_millis(1), held.lost())
+            .await
+            .expect("lost() did not resolve");
+    }
 
     /// Answers a renewal only when told to.
     #[derive(Default)]

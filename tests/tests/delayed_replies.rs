@@ -513,3 +513,73 @@ async fn replies_slower_than_half_the_op_timeout_fail_no_call_and_lose_no_lock()
     assert!(failed.is_empty(), "{} failed: {failed:#?}", failed.len());
     assert!(held >= 4, "only {held} locks held");
 }
+
+/// Replies come 0.6 × `op_timeout` late, and the key is busy: a
+/// `try_acquire` whose one send ran (busy) while its holder let go before
+/// the answer came back leaves nothing behind. A second copy of the
+/// command sent beside the first at half the timeout (on the same live
+/// connection, behind it) took the free lock for an owner that had
+/// already been told "busy" and given up: nobody renewed or released it,
+/// and the key was held for a whole lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_busy_answer_leaves_no_lock_behind() {
+    tests::init_tracing();
+    let server = RedisServer::start();
+    let proxy = Proxy::for_server(&server);
+    let op_timeout = Duration::from_secs(1);
+    let a = LockClient::builder()
+        .op_timeout(op_timeout)
+        .connect(&proxy.url())
+        .await
+        .unwrap();
+    let holder = LockClient::connect(&server.url()).await.unwrap();
+    // Every connection `a` uses is open before replies slow down.
+    a.lock(unique("warm-up"))
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let warm = {
+        let a = a.clone();
+        tokio::spawn(async move { a.lock(unique("warm-up")).await.unwrap().release().await })
+    };
+    warm.await.unwrap().unwrap();
+    let key = unique("late-busy");
+    let name = format!("lock:{{{key}}}");
+    // A long lease: no renewal of the holder's runs in the window below.
+    let held = holder
+        .lock(&key)
+        .lease(Duration::from_secs(60))
+        .await
+        .unwrap();
+    proxy.set(Mode::DelayReplies(op_timeout.mul_f64(0.6)));
+    let before = server.calls("evalsha");
+    let attempt = {
+        let (a, key) = (a.clone(), key.clone());
+        tokio::spawn(async move { a.lock(&key).try_acquire().await })
+    };
+    // Its send ran on Redis (busy); the holder lets go before half the
+    // operation timeout, while that answer is still on its way back.
+    assert!(
+        eventually(Duration::from_secs(5), || server.calls("evalsha") > before).await,
+        "the attempt never reached Redis"
+    );
+    held.release().await.unwrap();
+    let got = attempt.await.unwrap();
+    assert!(
+        matches!(got, Ok(None)),
+        "the attempt's one send found the lock busy: {got:?}"
+    );
+    proxy.set(Mode::Pass);
+    // Anything of the attempt still on its way would land within the
+    // operation timeout.
+    let stayed_free = !eventually(op_timeout * 2, || server.exists(&name)).await;
+    assert!(
+        stayed_free,
+        "a lock nobody holds appeared after the busy answer: {:?} (PTTL {} ms)",
+        server.cmd::<Option<String>>(&["GET", &name]),
+        server.cmd::<i64>(&["PTTL", &name])
+    );
+    assert!(holder.lock(&key).try_acquire().await.unwrap().is_some());
+}

@@ -226,12 +226,14 @@ async fn open(
             .and_then(|info| Identity::parse(&info));
         Ok(Conn { conn, who })
     };
-    tokio::time::timeout(within, open).await.unwrap_or_else(|_| {
-        Err(redis::RedisError::from(std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            format!("opening a connection took longer than {within:?}"),
-        )))
-    })
+    tokio::time::timeout(within, open)
+        .await
+        .unwrap_or_else(|_| {
+            Err(redis::RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("opening a connection took longer than {within:?}"),
+            )))
+        })
 }
 
 impl Local {
