@@ -1661,11 +1661,21 @@ fn failed_acquires_leave_no_keys() {
             "{what}: Redis never went quiet after the previous case"
         );
         let client = connect();
-        // Start from a working connection: then every acquire below is
-        // really sent.
+        // Start from working connections, the I/O thread's and the one
+        // this runtime's tasks use: then every acquire below is really
+        // sent (not held up opening a connection into the fault).
         let warm = rt.block_on(async {
             for _ in 0..50 {
-                if let Ok(g) = client.lock(unique("warm")).await {
+                let spawned = {
+                    let c = client.clone();
+                    tokio::spawn(async move {
+                        match c.lock(unique("warm")).await {
+                            Ok(g) => g.release().await.is_ok(),
+                            Err(_) => false,
+                        }
+                    })
+                };
+                if let (Ok(g), Ok(true)) = (client.lock(unique("warm")).await, spawned.await) {
                     return g.release().await.is_ok();
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
