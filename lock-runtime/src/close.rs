@@ -55,11 +55,13 @@ impl LockClient {
             );
         }
         let backend = &inner.backend;
-        let releases = left
-            .iter()
-            .map(|r| inner.io.here(backend.release(&r.name, &r.owner, None)));
+        let releases = left.iter().map(|(r, until)| {
+            inner
+                .io
+                .here(backend.release(&r.name, &r.owner, Some(*until)))
+        });
         let outcomes = futures_util::future::join_all(releases).await;
-        for (r, out) in left.iter().zip(outcomes) {
+        for ((r, _), out) in left.iter().zip(outcomes) {
             if let Err(e) = out {
                 tracing::warn!(key = %r.name.key, error = %e, "closing the lock client: a release failed; the lock expires with its lease");
             }

@@ -356,7 +356,9 @@ impl Watchdog {
     /// Stop for good (the client is closed): every lock still renewed is
     /// given up, its holder told it is lost, and returned to be released.
     /// The task ends, and a hold taken after this is not renewed.
-    pub(crate) fn close(&self) -> Vec<Renewal> {
+    /// Each with its deadline: what Redis still gives it, the bound of its
+    /// release (a Cluster slot on the move is waited out until then).
+    pub(crate) fn close(&self) -> Vec<(Renewal, Instant)> {
         self.shared.closed.store(true, Ordering::Release);
         let entries = std::mem::take(&mut *self.shared.entries.lock().unwrap());
         self.shared.wake.notify_one();
@@ -365,7 +367,7 @@ impl Watchdog {
             .into_values()
             .map(|e| {
                 e.lost.end(Ended::Closed);
-                e.renewal
+                (e.renewal, e.timing.deadline)
             })
             .collect()
     }
