@@ -18,6 +18,7 @@ use axum::response::{IntoResponse, Response};
 
 use crate::LockError;
 
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 impl IntoResponse for LockError {
     fn into_response(self) -> Response {
         let (status, code, key, retry_after) = match &self {
