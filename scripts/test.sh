@@ -1,22 +1,89 @@
 #!/usr/bin/env bash
-# Runs the whole test suite against real Redis processes (the protocol model
-# in release), then the Redis-semantics, round-trip, read-write and
-# operations tests, and the model's Lua host, once more against Valkey.
-# Installs the server binaries it needs (Debian/Ubuntu, as root) when they
-# are missing.
+# Runs the whole test suite against real Redis processes, then the
+# Redis-semantics, round-trip, read-write and operations tests, and the
+# model's Lua host, once more against Valkey. Installs the server binaries
+# it needs (Debian/Ubuntu, as root) when they are missing. Arguments go to
+# every `cargo test` (e.g. `-- --nocapture`).
+#
+# One build serves every step: every cargo command selects the whole
+# workspace (a narrower selection unifies other features and builds again),
+# and the protocol model, which explores millions of states, is optimised
+# by profile overrides in Cargo.toml inside that same debug build.
+#
+# The steps that keep the CPU busy (unit tests, doctests, the compile-fail
+# cases, the model) run one after another, alone. The integration test
+# binaries mostly wait on timers, servers and processes (a few seconds of
+# CPU in a minute): they run side by side in lanes, one binary at a time
+# per lane, each lane with ports of its own (`LOCK_TEST_PORTS`), and with
+# nothing CPU-bound beside them. `LOCK_TEST_LANES=1` runs them one by one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/install-redis.sh
-# The protocol model explores millions of states, far too slowly
-# unoptimised: it runs once, in release, after the rest.
-cargo test --workspace --exclude lock-model "$@"
-cargo test -p lock-model --release "$@"
-
 scripts/install-valkey.sh
-# (Selected from the same package set as above: the build is reused.)
-LOCK_TEST_SERVER=valkey-server cargo test --workspace --exclude lock-model --test redis_semantics \
-  --test round_trips --test read_write --test operations "$@"
-# The model's Lua host against Valkey too (its server steps run the scripts
-# as Redis and Valkey would).
-LOCK_TEST_SERVER=valkey-server cargo test -p lock-model --release --test host_vs_redis "$@"
+
+cargo test --workspace --no-run "$@"
+
+# Alone: CPU-bound.
+cargo test --workspace --lib --bins "$@"
+cargo test --workspace --doc "$@"
+cargo test --workspace --test ui "$@"
+cargo test --workspace --test bounded --test races --test failover "$@"
+
+# Side by side: every other integration test binary, then the Valkey runs.
+# The longest first, so that the lanes end together.
+longest=(fault_suite operations redlock read_write cluster hand_off kill_storm)
+valkey=(redis_semantics round_trips read_write operations host_vs_redis)
+targets=$(cargo metadata --no-deps --format-version 1 | python3 -c '
+import json, sys
+skip = {"ui", "bounded", "races", "failover"}
+for p in json.load(sys.stdin)["packages"]:
+    for t in p["targets"]:
+        if "test" in t["kind"] and t["name"] not in skip:
+            print(t["name"])
+')
+jobs=()
+for t in "${longest[@]}"; do jobs+=("redis $t"); done
+for t in $targets; do
+  [[ " ${longest[*]} " == *" $t "* ]] || jobs+=("redis $t")
+done
+for t in "${valkey[@]}"; do jobs+=("valkey $t"); done
+
+lanes=${LOCK_TEST_LANES:-3}
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
+echo 0 >"$logs/next"
+# Takes the next job off the list (under a lock: the lanes share it).
+next_job() {
+  flock "$logs/next" bash -c 'n=$(cat "$1"); echo $((n + 1)) >"$1"; echo "$n"' _ "$logs/next"
+}
+lane() {
+  local n=$1 i server target
+  shift
+  # Ports 10000-31999 split between the lanes (below the kernel's
+  # ephemeral range, from 32768 by default).
+  local span=$((22000 / lanes))
+  local lo=$((10000 + n * span))
+  while i=$(next_job) && ((i < ${#jobs[@]})); do
+    read -r server target <<<"${jobs[$i]}"
+    echo "=== $server-server: $target" >>"$logs/$n"
+    if ! LOCK_TEST_PORTS="$lo-$((lo + span - 1))" LOCK_TEST_SERVER="$server-server" \
+      cargo test --workspace --test "$target" "$@" >>"$logs/$n" 2>&1; then
+      echo "FAILED: $target against $server-server" >>"$logs/$n"
+      echo 999999 >"$logs/next" # the other lanes stop after their current job
+      return 1
+    fi
+  done
+}
+pids=()
+for ((n = 0; n < lanes; n++)); do
+  lane "$n" "$@" &
+  pids+=($!)
+done
+failed=0
+for ((n = 0; n < lanes; n++)); do
+  wait "${pids[$n]}" || failed=1
+  cat "$logs/$n"
+done
+grep -h '^FAILED' "$logs"/[0-9]* >&2 || true
+exit "$failed"

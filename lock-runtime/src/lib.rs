@@ -203,7 +203,6 @@ mod operations;
 mod protocol;
 mod request;
 #[cfg(feature = "axum")]
-#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 mod response;
 mod run;
 mod scope;

@@ -19,6 +19,7 @@ use axum::response::{IntoResponse, Response};
 
 use crate::LockError;
 
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 impl IntoResponse for LockError {
     fn into_response(self) -> Response {
         let (status, code, key, retry_after) = match &self {

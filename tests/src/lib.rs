@@ -98,9 +98,18 @@ pub fn free_port() -> u16 {
 }
 
 /// Ports for test servers: from 10000 up to the kernel's ephemeral range
-/// (`ip_local_port_range`), when at least 2000 fit there.
+/// (`ip_local_port_range`), when at least 2000 fit there; or the range
+/// `LOCK_TEST_PORTS` names (`lo-hi`), which `scripts/test.sh` gives each
+/// test binary it runs side by side with others, so that no two processes
+/// pick the same port (the picks of one process never meet, see
+/// [`free_port`], but another process knows nothing of them).
 fn server_ports() -> Option<(u16, u16)> {
     const LOW: u16 = 10_000;
+    if let Ok(range) = std::env::var("LOCK_TEST_PORTS") {
+        return Some(port_range(&range).unwrap_or_else(|| {
+            panic!("LOCK_TEST_PORTS={range:?}: expected `lo-hi`, e.g. 10000-15000")
+        }));
+    }
     let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
     let ephemeral: u16 = range.split_whitespace().next()?.parse().ok()?;
     (ephemeral >= LOW + 2_000).then_some((LOW, ephemeral))
@@ -329,6 +338,13 @@ pub fn unique(prefix: &str) -> String {
     )
 }
 
+/// `"lo-hi"` as a range of at least 500 ports.
+fn port_range(range: &str) -> Option<(u16, u16)> {
+    let (lo, hi) = range.split_once('-')?;
+    let (lo, hi): (u16, u16) = (lo.trim().parse().ok()?, hi.trim().parse().ok()?);
+    (lo >= 1024 && hi >= lo.saturating_add(500)).then_some((lo, hi))
+}
+
 /// Log to the test output when `RUST_LOG` is set.
 pub fn init_tracing() {
     let _ = tracing_subscriber::fmt()
@@ -350,5 +366,15 @@ mod tests {
         assert!(ports.iter().all(|&p| p < ephemeral), "{ports:?}");
         let distinct: std::collections::HashSet<u16> = ports.iter().copied().collect();
         assert_eq!(distinct.len(), ports.len());
+    }
+
+    #[test]
+    fn lock_test_ports_names_a_range() {
+        assert_eq!(port_range("10000-15000"), Some((10000, 15000)));
+        assert_eq!(port_range(" 20000 - 20500"), Some((20000, 20500)));
+        assert_eq!(port_range("15000-10000"), None);
+        assert_eq!(port_range("10000-10100"), None, "too few for one binary");
+        assert_eq!(port_range("80-2000"), None);
+        assert_eq!(port_range("10000"), None);
     }
 }

@@ -5,7 +5,7 @@
 //! Covered elsewhere, not repeated here:
 //! - macro misuse (not async, wrong return type, unknown key parameter,
 //!   malformed or zero `lease`/`wait`, bad `on_lost`, ...): compile-fail UI
-//!   tests under `tests/ui`;
+//!   tests under `tests-build/ui`;
 //! - an attributed call before `init`: `global_init.rs`;
 //! - a paused Redis on the manual API, `SCRIPT FLUSH` before a lock:
 //!   `redis_faults.rs` (`paused_redis_times_out_instead_of_hanging`,
