@@ -15,6 +15,24 @@ fn hash(key: &str) -> String {
     format!("lock:{{{key}}}")
 }
 
+/// A primary, one replica replicating through a proxy (so that a test can
+/// stall replication), and three sentinels that see the primary down after
+/// `down_after_ms`.
+fn replicated_through_a_link(down_after_ms: u64) -> (RedisServer, Proxy, RedisServer, Sentinels) {
+    let primary = RedisServer::start();
+    let link = Proxy::start(primary.port());
+    let replica = start_replica(link.port());
+    wait_replicas_online(&primary, 1, Duration::from_secs(10));
+    let timing = Timing {
+        down_after_ms,
+        // Keeps Sentinel from "fixing" the replica to bypass the proxy.
+        failover_timeout_ms: 30_000,
+    };
+    let sentinels = Sentinels::start(3, MASTER, &primary, timing);
+    sentinels.wait_ready(1, Duration::from_secs(20));
+    (primary, link, replica, sentinels)
+}
+
 fn builder() -> lock_runtime::LockClientBuilder {
     LockClient::builder()
         .op_timeout(Duration::from_millis(500))
@@ -130,18 +148,7 @@ async fn primary_killed_clients_follow_the_new_primary() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lock_loss_on_failover_with_and_without_replica_acks() {
     tests::init_tracing();
-    let mut primary = RedisServer::start();
-    // Replication runs through a proxy, so the test can stall it.
-    let link = Proxy::start(primary.port());
-    let replica = start_replica(link.port());
-    wait_replicas_online(&primary, 1, Duration::from_secs(10));
-    let timing = Timing {
-        down_after_ms: 1000,
-        // Keeps Sentinel from "fixing" the replica to bypass the proxy.
-        failover_timeout_ms: 30_000,
-    };
-    let sentinels = Sentinels::start(3, MASTER, &primary, timing);
-    sentinels.wait_ready(1, Duration::from_secs(20));
+    let (mut primary, link, replica, sentinels) = replicated_through_a_link(1000);
     // Long enough for a healthy replica on a loaded machine.
     let ack_wait = Duration::from_secs(1);
     let plain = builder().sentinel(sentinels.urls(), MASTER).await.unwrap();
@@ -303,19 +310,9 @@ async fn lock_loss_on_failover_with_and_without_replica_acks() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewals_the_replicas_never_acknowledged_do_not_extend_a_hold() {
     tests::init_tracing();
-    let mut primary = RedisServer::start();
-    let link = Proxy::start(primary.port());
-    let replica = start_replica(link.port());
-    wait_replicas_online(&primary, 1, Duration::from_secs(10));
-    let timing = Timing {
-        // The failover is asked for right after the kill (`SENTINEL
-        // FAILOVER`): no wait for the sentinels to see the primary down.
-        down_after_ms: 5_000,
-        // Keeps Sentinel from "fixing" the replica to bypass the proxy.
-        failover_timeout_ms: 30_000,
-    };
-    let sentinels = Sentinels::start(3, MASTER, &primary, timing);
-    sentinels.wait_ready(1, Duration::from_secs(20));
+    // The failover is asked for right after the kill (`SENTINEL FAILOVER`):
+    // no wait for the sentinels to see the primary down.
+    let (mut primary, link, replica, sentinels) = replicated_through_a_link(5_000);
     let lease = Duration::from_secs(3);
     let holder = builder()
         .replica_acks(1, Duration::from_millis(500))

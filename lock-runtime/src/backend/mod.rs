@@ -90,6 +90,13 @@ pub(crate) struct Seen {
     pub(crate) fence: Option<u64>,
 }
 
+impl Seen {
+    /// Whether `holder` is among the holders.
+    pub(crate) fn holds(&self, holder: &str) -> bool {
+        self.holders.iter().any(|h| h == holder)
+    }
+}
+
 /// One lock for the watchdog to extend.
 #[derive(Debug, Clone)]
 pub(crate) struct Renewal {

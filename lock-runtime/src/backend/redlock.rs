@@ -554,11 +554,7 @@ impl Shared {
     /// has it (a partial grant on a minority too); whether a majority
     /// ended it.
     async fn force_release_if(&self, name: &LockName, holder: &str) -> Result<bool, Fault> {
-        let known = self
-            .views(name)
-            .await?
-            .iter()
-            .any(|v| v.holders.iter().any(|h| h == holder));
+        let known = self.views(name).await?.iter().any(|v| v.holds(holder));
         if !known {
             return Ok(false);
         }

@@ -64,13 +64,7 @@ impl MemoryBackend {
         name: &LockName,
         holder: &str,
     ) -> Result<bool, Fault> {
-        if !self
-            .inspect(name)
-            .await?
-            .holders
-            .iter()
-            .any(|h| h == holder)
-        {
+        if !self.inspect(name).await?.holds(holder) {
             return Ok(false);
         }
         let owner: Arc<str> = holder.into();

@@ -87,13 +87,7 @@ impl RedisNode {
         holder: &str,
         wake: Wake,
     ) -> Result<bool, Fault> {
-        if !self
-            .inspect(name)
-            .await?
-            .holders
-            .iter()
-            .any(|h| h == holder)
-        {
+        if !self.inspect(name).await?.holds(holder) {
             return Ok(false);
         }
         self.release_forced(name, holder, wake).await
