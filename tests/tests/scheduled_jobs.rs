@@ -247,3 +247,47 @@ async fn in_memory_the_same_bounds_hold() {
         .unwrap();
     assert_eq!(skipped, Some(1));
 }
+
+/// A `min_hold` longer than the lease (a nightly job: `min_hold = "50s"`
+/// beside a 30 s lease): released early, the lock stays taken until
+/// `min_hold`, not only until the lease it had. `keep.lua` only shortens
+/// a hold, so the lock lapsed at its lease and another instance could run
+/// the job again within the period.
+#[tokio::test]
+async fn a_min_hold_longer_than_the_lease_holds_past_the_lease() {
+    let server = global::redis().await;
+    let client = lock_runtime::client().unwrap();
+    let key = unique("min-hold-long");
+    let taken = Instant::now();
+    let guard = client
+        .lock(&key)
+        .lease(Duration::from_secs(1))
+        .min_hold(Duration::from_secs(5))
+        .max_hold(Duration::from_secs(10))
+        .await
+        .unwrap();
+    guard.release().await.unwrap();
+    let pttl: i64 = server.cmd(&["PTTL", &lock_key(&key)]);
+    let bound = 5000 - taken.elapsed().as_millis() as i64;
+    assert!(
+        pttl > 2000 && pttl <= bound + 250,
+        "released early, the lock must stay until min_hold: pttl {pttl} ms, expected about {bound} ms (the lease was 1 s)"
+    );
+    assert!(client.lock(&key).try_acquire().await.unwrap().is_none());
+
+    // The in-memory backend, the same.
+    let memory = LockClient::memory();
+    let guard = memory
+        .lock(&key)
+        .lease(Duration::from_secs(1))
+        .min_hold(Duration::from_secs(5))
+        .max_hold(Duration::from_secs(10))
+        .await
+        .unwrap();
+    guard.release().await.unwrap();
+    let ttl = memory.inspect(&key).await.unwrap().and_then(|i| i.ttl);
+    assert!(
+        ttl.is_some_and(|t| t > Duration::from_secs(2)),
+        "in memory: {ttl:?} left of a 5 s min_hold"
+    );
+}

@@ -217,6 +217,12 @@ impl Backend {
     /// (`min_hold`): a renewal of `owner` that comes after this extends
     /// nothing, and sending this twice is harmless. `until` as for
     /// [`release`](Self::release).
+    ///
+    /// `keep.lua` only shortens a hold. A `min_hold` that outlasts what the
+    /// lease still gives (`min_hold = "50s"` beside a 30 s lease) is first
+    /// stretched to by a renewal of `left`, which Sentinel's replicas
+    /// acknowledge like any renewal; without it the lock lapsed at its
+    /// lease and a job could run twice in one period.
     pub(crate) async fn keep(
         &self,
         name: &LockName,
@@ -224,6 +230,23 @@ impl Backend {
         left: Duration,
         until: Option<Instant>,
     ) -> Result<Released, Fault> {
+        let until = match until {
+            Some(deadline) if left > deadline.saturating_duration_since(Instant::now()) => {
+                let sent_at = Instant::now();
+                let stretch = Renewal {
+                    name: name.clone(),
+                    owner: owner.clone(),
+                    lease: left,
+                };
+                match self.renew(vec![stretch]).await.into_iter().next() {
+                    Some(Renewed::Yes) => Some(sent_at + left.saturating_sub(self.drift(left))),
+                    Some(Renewed::NotOwner) => return Ok(Released::NotOwner),
+                    // No verdict: kept for what the lease still gives.
+                    _ => Some(deadline),
+                }
+            }
+            other => other,
+        };
         #[cfg(feature = "cluster")]
         if let (Backend::Cluster(b), Some(until)) = (self, until) {
             return b.keep_until(name, owner, left, until).await;

@@ -437,9 +437,10 @@ impl SentinelBackend {
     }
 
     /// Not waited for by the replicas: `keep` never extends a hold (it
-    /// renames it and only shortens its expiry), so a replica without it
-    /// keeps the lock until the last acknowledged renewal, no earlier than
-    /// the holder counted on.
+    /// renames it and only shortens its expiry; a `min_hold` past the lease
+    /// is stretched to by a renewal first, which is acknowledged), so a
+    /// replica without it keeps the lock until the last acknowledged
+    /// renewal, no earlier than the holder counted on.
     pub(crate) async fn keep(
         &self,
         name: &LockName,
