@@ -55,3 +55,41 @@ async fn a_client_started_before_redis_works_once_redis_is_up() {
     guard.release().await.expect("held to the end");
     assert!(!server.exists(&format!("lock:{{{key}}}")));
 }
+
+/// The first open is refused for another reason than I/O (an ACL user that
+/// is not made yet, as on a deploy that creates it after the service): once
+/// the user exists, the client works, renewals included. The `redis`
+/// crate's own lazy connection kept that first error for good: everything
+/// sent over the I/O thread's connection (renewals, background releases,
+/// calls from outside a runtime's tasks) failed with it until the process
+/// restarted ("acquire.lua …: Password authentication failed").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_open_refused_by_auth_is_tried_again() {
+    tests::init_tracing();
+    let server = RedisServer::start();
+    let url = format!("redis://app:secret@127.0.0.1:{}", server.port());
+    let client = LockClient::builder()
+        .lease(Duration::from_secs(1))
+        .connect_lazy(&url)
+        .unwrap();
+    // Each of its connections is refused: no such user yet.
+    let out = client.lock(unique("early")).wait(Duration::ZERO).await;
+    assert!(matches!(out, Err(LockError::Backend(_))), "{out:?}");
+    // The watchdog's connection too.
+    assert!(client.inspect("early").await.is_err());
+
+    let _: () = server.cmd(&[
+        "ACL", "SETUSER", "app", "on", ">secret", "~*", "&*", "+@all",
+    ]);
+    let key = unique("after-acl");
+    let guard = client
+        .lock(&key)
+        .wait(Duration::from_secs(5))
+        .await
+        .expect("a lock once the user exists");
+    assert!(client.inspect(&key).await.expect("inspect").is_some());
+    // Held past two renewals of its 1 s lease.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!guard.is_lost(), "renewals failed after the user was made");
+    guard.release().await.expect("held to the end");
+}

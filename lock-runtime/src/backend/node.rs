@@ -32,6 +32,7 @@ use crate::io::{self, Route};
 use crate::key::{is_reader, LockName};
 use crate::scripts::{self, Arg, Script};
 
+mod lazy;
 mod operations;
 
 /// Renewals per EVALSHA: keeps one script call short enough not to stall
@@ -142,6 +143,8 @@ pub(crate) struct RedisNode {
 #[derive(Clone)]
 enum Conn {
     Single(ConnectionManager),
+    /// One server, connected on first use (`connect_lazy`).
+    Lazy(Arc<lazy::LazyManager>),
     #[cfg(feature = "cluster")]
     Cluster(ClusterConnection),
 }
@@ -237,7 +240,7 @@ impl RedisNode {
         .await
         .map_err(|_| Fault::timed_out(format!("connecting to Redis at {addr}"), budget))?
         .map_err(|e| Fault::redis(format!("connecting to Redis at {addr}"), e))?;
-        let mut node = Self::over(client, addr, conn, settings);
+        let mut node = Self::over(client, addr, Conn::Single(conn), settings);
         node.load_scripts().await?;
         node.native_delete = node.find_native_delete().await;
         node.warn_if_evicting().await;
@@ -252,21 +255,22 @@ impl RedisNode {
     pub(crate) fn connect_lazy(url: &str, settings: NodeSettings) -> Result<Self, Fault> {
         let client = endpoint::client(endpoint::info(url)?, &settings.access)?;
         let addr: Arc<str> = client.get_connection_info().addr().to_string().into();
-        let conn =
-            ConnectionManager::new_lazy_with_config(client.clone(), manager_config(&settings))
-                .map_err(|e| {
-                    Fault::redis(format!("setting up a connection to Redis at {addr}"), e)
-                })?;
-        Ok(Self::over(client, addr, conn, settings))
+        let conn = lazy::LazyManager::new(
+            client.clone(),
+            manager_config(&settings),
+            Handle::current(),
+            settings.connect_timeout + settings.op_timeout,
+        );
+        Ok(Self::over(
+            client,
+            addr,
+            Conn::Lazy(Arc::new(conn)),
+            settings,
+        ))
     }
 
     /// A node over the I/O thread's connection `conn` to `client`'s server.
-    fn over(
-        client: redis::Client,
-        addr: Arc<str>,
-        conn: ConnectionManager,
-        settings: NodeSettings,
-    ) -> Self {
+    fn over(client: redis::Client, addr: Arc<str>, conn: Conn, settings: NodeSettings) -> Self {
         let runtimes = Runtimes::new(
             client,
             AsyncConnectionConfig::new()
@@ -275,7 +279,7 @@ impl RedisNode {
             settings.connect_timeout + settings.op_timeout,
         );
         RedisNode {
-            conn: Conn::Single(conn),
+            conn,
             runtimes: Some(Arc::new(runtimes)),
             addr,
             settings,
@@ -320,7 +324,7 @@ impl RedisNode {
     /// Whether this runs over a Redis Cluster connection.
     fn is_cluster(&self) -> bool {
         match self.conn {
-            Conn::Single(_) => false,
+            Conn::Single(_) | Conn::Lazy(_) => false,
             #[cfg(feature = "cluster")]
             Conn::Cluster(_) => true,
         }
@@ -476,6 +480,7 @@ impl RedisNode {
     async fn send_home<T: FromRedisValue>(&self, q: &Query) -> RedisResult<T> {
         match &self.conn {
             Conn::Single(c) => send(q, &mut c.clone()).await,
+            Conn::Lazy(lazy) => send(q, &mut lazy.get().await?).await,
             #[cfg(feature = "cluster")]
             Conn::Cluster(c) => send(q, &mut c.clone()).await,
         }

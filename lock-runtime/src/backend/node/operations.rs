@@ -97,7 +97,7 @@ impl RedisNode {
     /// on each primary.
     pub(crate) async fn scan(&self, pattern: &str) -> Result<Vec<String>, Fault> {
         match &self.conn {
-            Conn::Single(_) => self.scan_node(pattern, None).await,
+            Conn::Single(_) | Conn::Lazy(_) => self.scan_node(pattern, None).await,
             #[cfg(feature = "cluster")]
             Conn::Cluster(_) => {
                 let mut names = Vec::new();
