@@ -11,13 +11,9 @@ use tests::{eventually, unique, RedisServer};
 /// cannot pass for one served by the close.
 const LEASE: Duration = Duration::from_secs(30);
 
-/// A service holding 100 locks closes; another client waits on every key.
-/// Each waiter gets its key within a few round trips of the close (well
-/// under a second; 5 s allowed on a loaded machine), not after the 30 s
-/// lease; the closed client then refuses new locks and renews nothing.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn closing_hands_100_locks_to_their_waiters_at_once() {
-    tests::init_tracing();
+/// A Redis, the service's client (leases of [`LEASE`]) and another
+/// client of the same Redis.
+async fn service_and_other() -> (RedisServer, LockClient, LockClient) {
     let server = RedisServer::start();
     let service = LockClient::builder()
         .lease(LEASE)
@@ -25,6 +21,17 @@ async fn closing_hands_100_locks_to_their_waiters_at_once() {
         .await
         .unwrap();
     let other = LockClient::connect(&server.url()).await.unwrap();
+    (server, service, other)
+}
+
+/// A service holding 100 locks closes; another client waits on every key.
+/// Each waiter gets its key within a few round trips of the close (well
+/// under a second; 5 s allowed on a loaded machine), not after the 30 s
+/// lease; the closed client then refuses new locks and renews nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_hands_100_locks_to_their_waiters_at_once() {
+    tests::init_tracing();
+    let (_server, service, other) = service_and_other().await;
     let keys: Vec<String> = (0..100).map(|_| unique("closing")).collect();
     let mut held = Vec::new();
     for k in &keys {
@@ -152,13 +159,7 @@ async fn a_body_that_ends_within_its_grace_releases_normally() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_still_running_after_its_grace_is_told_its_lock_is_lost() {
     tests::init_tracing();
-    let server = RedisServer::start();
-    let service = LockClient::builder()
-        .lease(LEASE)
-        .connect(&server.url())
-        .await
-        .unwrap();
-    let other = LockClient::connect(&server.url()).await.unwrap();
+    let (_server, service, other) = service_and_other().await;
     let (aborted, continued) = (unique("abort"), unique("continue"));
     let (go_on_tx, go_on) = tokio::sync::oneshot::channel::<()>();
     let abort = tokio::spawn({
