@@ -277,9 +277,13 @@ impl LockRequest {
 
     /// Acquire inside a `lock.acquire` span (DEBUG, INFO once it waits:
     /// see `spans.rs`), and count the outcome.
-    async fn acquire(self) -> Result<LockGuard, LockError> {
+    ///
+    /// Not an `async fn`: one would keep the request's future twice, as
+    /// its argument and inside the span's, and every lock builds it on the
+    /// stack and moves it into its box.
+    fn acquire(self) -> impl Future<Output = Result<LockGuard, LockError>> + Send {
         let phases = spans::acquire(&self.key, self.label, self.wait);
-        spans::acquiring(phases, self.acquire_counted()).await
+        spans::acquiring(phases, self.acquire_counted())
     }
 
     async fn acquire_counted(self) -> Result<LockGuard, LockError> {
@@ -288,7 +292,8 @@ impl LockRequest {
         let out = if self.more.is_empty() {
             self.acquire_open().await
         } else {
-            self.acquire_all().await
+            // Boxed: it holds a one-key request's future of its own.
+            Box::pin(self.acquire_all()).await
         };
         match &out {
             Ok(guard) if guard.is_reentry() => {
@@ -571,8 +576,9 @@ impl LockRequest {
                     };
                     Ok::<_, LockError>((w, waits))
                 };
+                // Boxed: taken only when busy, and as large as an attempt.
                 let out = tokio::select! {
-                    out = listen => Some(out),
+                    out = Box::pin(listen) => Some(out),
                     _ = client.sleep(deadline.saturating_duration_since(now)) => None,
                 };
                 match out {
@@ -882,5 +888,52 @@ impl std::fmt::Debug for LockRequest {
             .field("lease", &self.lease)
             .field("wait", &self.wait)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The size of the future `f` returns (`f` is never called).
+    fn size<A, F: Future>(_: impl FnOnce(A) -> F) -> usize {
+        std::mem::size_of::<F>()
+    }
+
+    /// Every lock builds its request's future on the stack and moves it
+    /// into a box: its size is copied on each one (15 KB, twice its
+    /// content, when the span's wrapper was an `async fn`).
+    #[test]
+    fn a_request_s_future_holds_its_work_once() {
+        let whole = size(|r: LockRequest| r.acquire());
+        let work = size(|r: LockRequest| r.acquire_counted());
+        println!("a request's future: {whole} bytes, its work {work} bytes");
+        assert!(whole < work + 512, "{whole} bytes for {work} bytes of work");
+    }
+
+    /// A rarer deployment's larger futures are boxed, not carried by
+    /// every request on one Redis.
+    #[test]
+    fn one_redis_s_request_carries_no_larger_deployment_s_future() {
+        let q = Queue {
+            stay: None,
+            rejoin: false,
+            by: None,
+            fence: true,
+        };
+        let name: &'static LockName = Box::leak(Box::new(LockName::new("", "k").unwrap()));
+        let owner: &'static Arc<str> = Box::leak(Box::new(Arc::from("o")));
+        let lease = Duration::from_secs(1);
+        use crate::backend::{redis::RedisBackend, Backend};
+        let any = size(|b: &'static Backend| b.acquire(name, owner, lease, q));
+        let one = size(|b: &'static RedisBackend| b.acquire(name, owner, lease, q));
+        let release = size(|b: &'static Backend| b.release_held(name, owner, 1, false, None));
+        let release_one = size(|b: &'static RedisBackend| b.node.release_writer(name, owner, 1));
+        println!("acquire: {any} bytes ({one} on one Redis); release: {release} ({release_one})");
+        assert!(any < one + 256, "acquire: {any} bytes, {one} on one Redis");
+        assert!(
+            release < release_one + 512,
+            "release: {release} bytes, {release_one} on one Redis"
+        );
     }
 }

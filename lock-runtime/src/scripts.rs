@@ -62,10 +62,32 @@ impl Arg<'_> {
 
 impl ToRedisArgs for Arg<'_> {
     fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        // Digits written by hand: `fmt` machinery was a visible part of
+        // what a lock costs the client.
+        let mut buf = [0u8; 24];
         match *self {
             Arg::Str(s) => out.write_arg(s.as_bytes()),
-            Arg::Num(n) => out.write_arg_fmt(n),
-            Arg::Tagged(tag, n) => out.write_arg_fmt(format_args!("{tag}{n}")),
+            Arg::Num(n) => out.write_arg(decimal(n, &mut buf)),
+            Arg::Tagged(tag, n) => {
+                let mut tagged = [0u8; 28];
+                let tag = tag.encode_utf8(&mut tagged).len();
+                let digits = decimal(n, &mut buf);
+                tagged[tag..tag + digits.len()].copy_from_slice(digits);
+                out.write_arg(&tagged[..tag + digits.len()]);
+            }
+        }
+    }
+}
+
+/// `n` in decimal, at the end of `buf`.
+fn decimal(mut n: u64, buf: &mut [u8; 24]) -> &[u8] {
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &buf[at..];
         }
     }
 }
@@ -115,4 +137,30 @@ impl Script {
 pub(crate) fn is_noscript(err: &RedisError) -> bool {
     err.kind() == ErrorKind::Server(redis::ServerErrorKind::NoScript)
         || err.code() == Some("NOSCRIPT")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_are_written_in_decimal() {
+        let mut buf = [0u8; 24];
+        for n in [0, 7, 10, 1_718_000_000_000_001, u64::MAX] {
+            assert_eq!(decimal(n, &mut buf), n.to_string().as_bytes());
+        }
+        let mut cmd = Cmd::new();
+        cmd.arg(Arg::Num(1500))
+            .arg(Arg::Tagged('w', 0))
+            .arg(Arg::Tagged('w', 1500))
+            .arg(Arg::Str("a b"));
+        let args: Vec<&[u8]> = cmd
+            .args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(b) => b,
+                _ => &[],
+            })
+            .collect();
+        assert_eq!(args, [&b"1500"[..], b"w0", b"w1500", b"a b"]);
+    }
 }

@@ -78,9 +78,10 @@ tokio::task_local! {
     static ACQUIRE: RefCell<Phases>;
 }
 
-/// Run a request's acquisition in its `lock.acquire` span(s).
-pub(crate) async fn acquiring<F: Future>(phases: Phases, fut: F) -> F::Output {
-    ACQUIRE.scope(RefCell::new(phases), InCurrent { fut }).await
+/// Run a request's acquisition in its `lock.acquire` span(s). (Not an
+/// `async fn`, which would hold `fut` twice.)
+pub(crate) fn acquiring<F: Future>(phases: Phases, fut: F) -> impl Future<Output = F::Output> {
+    ACQUIRE.scope(RefCell::new(phases), InCurrent { fut })
 }
 
 /// The request being acquired starts to wait: INFO from here on.

@@ -331,10 +331,13 @@ impl Watchdog {
         let was_lost = held.is_lost();
         let key = entry_key(key);
         let mut deadline = None;
-        if entries.get(&key).is_some_and(|e| e.id == held.id) {
-            deadline = entries.remove(&key).map(|e| e.timing.deadline);
-            if entries.is_empty() {
-                self.shared.emptied.notify_waiters();
+        // One lookup (the key is hashed once).
+        if let std::collections::hash_map::Entry::Occupied(e) = entries.entry(key) {
+            if e.get().id == held.id {
+                deadline = Some(e.remove().timing.deadline);
+                if entries.is_empty() {
+                    self.shared.emptied.notify_waiters();
+                }
             }
         }
         Left { was_lost, deadline }

@@ -38,6 +38,8 @@ mod latency;
 mod memory;
 #[path = "locks/monitor.rs"]
 mod monitor;
+#[path = "locks/placements.rs"]
+mod placements;
 #[path = "locks/proxy.rs"]
 mod proxy;
 #[path = "locks/python.rs"]
@@ -169,6 +171,9 @@ fn main() {
     if ctx.wants(1) || ctx.wants(2) {
         step("cases 1 and 2: floor and uncontended latency");
         latency::run(&ctx, &mut report);
+        if ctx.wants(2) {
+            placements::run(&ctx, &mut report);
+        }
     }
     if ctx.wants(3) {
         step("case 3: throughput");

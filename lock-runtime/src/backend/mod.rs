@@ -155,8 +155,19 @@ impl Backend {
         lease: Duration,
         queue: Queue,
     ) -> Result<Acquired, Fault> {
-        each!(self, b => b.acquire(name, owner, lease, queue).await,
-            fake _f => Err(Fault::other("not used")))
+        // Sentinel's failover loop around a node's acquire is boxed: the
+        // largest arm sets the size of every request's future, which each
+        // lock builds and moves into its box.
+        match self {
+            Backend::Memory(b) => b.acquire(name, owner, lease, queue).await,
+            Backend::Redis(b) => b.acquire(name, owner, lease, queue).await,
+            #[cfg(feature = "cluster")]
+            Backend::Cluster(b) => b.acquire(name, owner, lease, queue).await,
+            Backend::Sentinel(b) => Box::pin(b.acquire(name, owner, lease, queue)).await,
+            Backend::Redlock(b) => b.acquire(name, owner, lease, queue).await,
+            #[cfg(test)]
+            Backend::Fake(_) => Err(Fault::other("not used")),
+        }
     }
 
     /// Release `owner`'s lock, or take it out of the lock's queue.
@@ -173,8 +184,17 @@ impl Backend {
             return b.release_until(name, owner, until).await;
         }
         let _ = until;
-        each!(self, b => b.release(name, owner).await,
-            fake _f => Err(Fault::other("not used")))
+        // Boxed for the same reason as in `acquire`.
+        match self {
+            Backend::Memory(b) => b.release(name, owner).await,
+            Backend::Redis(b) => b.release(name, owner).await,
+            #[cfg(feature = "cluster")]
+            Backend::Cluster(b) => b.release(name, owner).await,
+            Backend::Sentinel(b) => Box::pin(b.release(name, owner)).await,
+            Backend::Redlock(b) => b.release(name, owner).await,
+            #[cfg(test)]
+            Backend::Fake(_) => Err(Fault::other("not used")),
+        }
     }
 
     /// Release a hold of `owner`'s with token `fence` (0: none): a writer's
@@ -196,8 +216,8 @@ impl Backend {
             Backend::Redis(b) => b.node.release_writer(name, owner, fence).await,
             #[cfg(feature = "cluster")]
             Backend::Cluster(b) => b.release_writer_until(name, owner, fence, until).await,
-            Backend::Sentinel(b) => b.release_writer(name, owner, fence).await,
-            _ => self.release(name, owner, until).await,
+            Backend::Sentinel(b) => Box::pin(b.release_writer(name, owner, fence)).await,
+            _ => Box::pin(self.release(name, owner, until)).await,
         }
     }
 

@@ -716,14 +716,15 @@ impl RedisNode {
     /// counter; on a Cluster also the lock's queue, waiters and readers, so
     /// that a slot on the move refuses the whole call before it runs
     /// (`TRYAGAIN`) instead of stopping it at a key that already moved.
-    fn script_keys<'a>(&'a self, name: &'a LockName) -> Vec<std::borrow::Cow<'a, str>> {
-        let mut keys = vec![std::borrow::Cow::Borrowed(&*name.hash), self.counter(name)];
-        if self.is_cluster() {
-            keys.extend(
-                [name.queue(), name.waiters(), name.readers()].map(std::borrow::Cow::Owned),
-            );
+    /// (On one server, on the stack: two names that already exist.)
+    fn script_keys<'a>(&'a self, name: &'a LockName) -> ScriptKeys<'a> {
+        ScriptKeys {
+            lock: &name.hash,
+            counter: self.counter(name),
+            more: self
+                .is_cluster()
+                .then(|| [name.queue(), name.waiters(), name.readers()]),
         }
-        keys
     }
 
     /// Take the lock for `owner`. `floor`: the lowest token to hand out
@@ -778,7 +779,8 @@ impl RedisNode {
         };
         let ttl = Arg::Num(millis(self.settings.fence_ttl));
         let keys = self.script_keys(name);
-        let keys: Vec<&str> = keys.iter().map(|k| &**k).collect();
+        let (keys, n) = keys.refs();
+        let keys = &keys[..n];
         let sent = std::sync::atomic::AtomicBool::new(false);
         let reply: Value = self
             .retrying_by(queue.by, |limit| {
@@ -866,7 +868,8 @@ impl RedisNode {
         let flags = self.release_flags(wake, forced);
         let ttl = millis(self.settings.fence_ttl);
         let keys = self.script_keys(name);
-        let keys: Vec<&str> = keys.iter().map(|k| &**k).collect();
+        let (keys, n) = keys.refs();
+        let keys = &keys[..n];
         self.eval_noting_repeats(
             &scripts::RELEASE,
             &keys,
@@ -1234,6 +1237,25 @@ pub(crate) enum Wake {
     /// Never: taking back a partial Redlock grant frees nothing, and a
     /// wake-up would only send the waiters (this one too) round again.
     Never,
+}
+
+/// The KEYS of `acquire.lua` and `release.lua` (see
+/// [`RedisNode::script_keys`]).
+struct ScriptKeys<'a> {
+    lock: &'a str,
+    counter: std::borrow::Cow<'a, str>,
+    /// A cluster's queue, waiters and readers.
+    more: Option<[String; 3]>,
+}
+
+impl ScriptKeys<'_> {
+    /// The names, and how many of them there are.
+    fn refs(&self) -> ([&str; 5], usize) {
+        match &self.more {
+            None => ([self.lock, &self.counter, "", "", ""], 2),
+            Some([q, w, r]) => ([self.lock, &self.counter, q, w, r], 5),
+        }
+    }
 }
 
 #[derive(Clone)]

@@ -176,7 +176,9 @@ impl Runtimes {
         let id = caller.id();
         let mut by_id = self.by_id.lock().unwrap();
         if let Some(local) = by_id.get(&id) {
-            return local.is_live().then(|| local.clone());
+            // Whether it still lives, `current` says (one lock fewer a
+            // command).
+            return Some(local.clone());
         }
         // A new runtime: forget those gone long enough ago.
         let now = Instant::now();

@@ -432,31 +432,8 @@ pub fn run(ctx: &Ctx, report: &mut Report) -> Floor {
         );
     }
 
+    // Held to the floor placement by placement: see `placements.rs`.
     let m50 = manual.p50().unwrap_or(0) as f64;
-    report.target(
-        "2",
-        "ours p50 ≤ 1.05 × two EVALSHA round trips (case 1)",
-        format!(
-            "{} ({} vs 2 × {})",
-            ratio(m50, two),
-            fmt_opt(manual.p50()),
-            fmt_opt(evalsha_floor)
-        ),
-        Some(m50 <= 1.05 * two),
-    );
-    if let Some(mt) = floor.evalsha.p50() {
-        let two_mt = 2.0 * mt as f64;
-        report.why(format!(
-            "ours sends its commands from the caller's task, but the connection is driven by the client's \
-             I/O thread, so each reply crosses threads; the current-thread floor pays no such hop. Against \
-             the placement that pays it (case 1, multi-thread runtime: two EVALSHA {}), ours is {}. What \
-             would meet it: the connection driven by the caller's own thread, i.e. a connection per caller \
-             runtime, which a client shared by many runtimes, with a watchdog and background releases that \
-             outlive their callers, does not have.",
-            fmt_opt(Some((two_mt) as u64)),
-            ratio(m50, two_mt)
-        ));
-    }
     let a50 = attr.p50().unwrap_or(0) as f64;
     report.target(
         "2",
