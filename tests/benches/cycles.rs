@@ -95,18 +95,4 @@ fn main() {
     };
     run(n);
     println!("{n} cycles ({what}, {place})");
-    if std::env::var_os("CYCLES_SIZES").is_some() {
-        // What a request's future weighs: it is built on the stack and
-        // moved into its box on every lock.
-        let client = LockClient::memory();
-        println!(
-            "futures: acquire {} bytes, release {} bytes",
-            std::mem::size_of_val(&client.lock("k").try_acquire()),
-            rt.block_on(async {
-                let g = client.lock("k").await.expect("lock");
-                let size = std::mem::size_of_val(&g.release());
-                size
-            })
-        );
-    }
 }

@@ -93,9 +93,12 @@ fn allocations_per_uncontended_cycle() {
             "fence = {fence}: {ct:.1} allocations per lock + unlock (current-thread runtime), \
              {task:.1} (task of a multi-thread runtime), {io:.1} (over the I/O thread)"
         ));
-        // 55 (fenced) before commands went over the caller's runtime.
+        // 55 (fenced) before commands went over the caller's runtime; 34,
+        // 34, 36 (fenced) and 30, 30, 32 before script calls built their
+        // KEYS on the stack.
+        let (here, io_limit) = if fence { (31.0, 33.0) } else { (29.0, 31.0) };
         assert!(
-            ct <= 40.0 && task <= 40.0 && io <= 40.0,
+            ct <= here && task <= here && io <= io_limit,
             "{}",
             report.join("\n")
         );

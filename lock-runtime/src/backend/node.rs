@@ -872,7 +872,7 @@ impl RedisNode {
         let keys = &keys[..n];
         self.eval_noting_repeats(
             &scripts::RELEASE,
-            &keys,
+            keys,
             &[Arg::Str(owner), Arg::Str(flags), Arg::Num(ttl)],
         )
         .await
