@@ -65,6 +65,44 @@ pub(crate) const METRICS: [(&str, &str, &str); 6] = [
     ),
 ];
 
+/// What the `metrics` macros would pass along (target and module: this
+/// module, level INFO).
+#[cfg(feature = "metrics")]
+static META: metrics::Metadata<'static> =
+    metrics::Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
+
+/// The key of series `name` for lock `lock`, as `name!(name, "lock" =>
+/// lock)` makes it but without allocating: each label is made once, and
+/// kept for the process (label values are a bounded set: see [`intern`]).
+#[cfg(feature = "metrics")]
+fn key(name: &'static str, lock: &'static str) -> metrics::Key {
+    metrics::Key::from_static_parts(name, labels(lock))
+}
+
+/// `[("lock", lock)]`, made once per label.
+#[cfg(feature = "metrics")]
+fn labels(lock: &'static str) -> &'static [metrics::Label] {
+    use std::cell::Cell;
+    use std::collections::HashMap;
+    type Labels = &'static [metrics::Label];
+    thread_local! {
+        /// The last label this thread used: most code locks under one.
+        static LAST: Cell<Option<(&'static str, Labels)>> = const { Cell::new(None) };
+    }
+    static ALL: LazyLock<Mutex<HashMap<&'static str, Labels>>> = LazyLock::new(Mutex::default);
+    if let Some((last, labels)) = LAST.with(Cell::get) {
+        if std::ptr::eq(last, lock) {
+            return labels;
+        }
+    }
+    let labels: Labels =
+        *ALL.lock().unwrap().entry(lock).or_insert_with(|| {
+            Box::leak(Box::new([metrics::Label::from_static_parts("lock", lock)]))
+        });
+    LAST.with(|l| l.set(Some((lock, labels))));
+    labels
+}
+
 #[cfg(feature = "metrics")]
 const ACQUIRED: &str = "distributed_lock_acquired_total";
 #[cfg(feature = "metrics")]
@@ -94,7 +132,7 @@ pub(crate) fn describe() {
 /// A fresh hold began (`+1`) or ended (`-1`): the gauge of locks held.
 pub(crate) fn holding(lock: &'static str, delta: f64) {
     #[cfg(feature = "metrics")]
-    metrics::gauge!(HELD_LOCKS, "lock" => lock).increment(delta);
+    metrics::with_recorder(|r| r.register_gauge(&key(HELD_LOCKS, lock), &META)).increment(delta);
     #[cfg(not(feature = "metrics"))]
     let _ = (lock, delta);
 }
@@ -103,9 +141,9 @@ pub(crate) fn holding(lock: &'static str, delta: f64) {
 pub(crate) fn acquired(lock: &'static str, waited: Duration) {
     #[cfg(feature = "metrics")]
     {
-        let label = [("lock", lock)];
-        metrics::counter!(ACQUIRED, &label).increment(1);
-        metrics::histogram!(ACQUIRE_SECONDS, &label).record(waited.as_secs_f64());
+        metrics::with_recorder(|r| r.register_counter(&key(ACQUIRED, lock), &META)).increment(1);
+        metrics::with_recorder(|r| r.register_histogram(&key(ACQUIRE_SECONDS, lock), &META))
+            .record(waited.as_secs_f64());
     }
     #[cfg(not(feature = "metrics"))]
     let _ = (lock, waited);
@@ -115,7 +153,7 @@ pub(crate) fn acquired(lock: &'static str, waited: Duration) {
 /// (`on_busy = "skip"`, `try_acquire` returning `None`).
 pub(crate) fn busy(lock: &'static str) {
     #[cfg(feature = "metrics")]
-    metrics::counter!(BUSY, "lock" => lock).increment(1);
+    metrics::with_recorder(|r| r.register_counter(&key(BUSY, lock), &META)).increment(1);
     #[cfg(not(feature = "metrics"))]
     let _ = lock;
 }
@@ -123,7 +161,7 @@ pub(crate) fn busy(lock: &'static str) {
 /// A hold lost while held (expired unrenewed, deleted, or `max_hold`).
 pub(crate) fn lost(lock: &'static str) {
     #[cfg(feature = "metrics")]
-    metrics::counter!(LOST, "lock" => lock).increment(1);
+    metrics::with_recorder(|r| r.register_counter(&key(LOST, lock), &META)).increment(1);
     #[cfg(not(feature = "metrics"))]
     let _ = lock;
 }
@@ -131,7 +169,8 @@ pub(crate) fn lost(lock: &'static str) {
 /// A hold ended (released or dropped) `held` after it was acquired.
 pub(crate) fn held(lock: &'static str, held: Duration) {
     #[cfg(feature = "metrics")]
-    metrics::histogram!(HELD_SECONDS, "lock" => lock).record(held.as_secs_f64());
+    metrics::with_recorder(|r| r.register_histogram(&key(HELD_SECONDS, lock), &META))
+        .record(held.as_secs_f64());
     #[cfg(not(feature = "metrics"))]
     let _ = (lock, held);
 }
