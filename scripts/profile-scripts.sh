@@ -43,6 +43,8 @@ if redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. token, 'NX', 'PX', ARGV[2]) then
 end
 return 0
 """
+# The same with the HDEL a queuing attempt runs (the default wait).
+FLOOR_ACQUIRE_WAIT = FLOOR_ACQUIRE.replace("  return {1, token}", "  redis.call('HDEL', KEYS[1] .. ':waiters', ARGV[1])\n  return {1, token}")
 FLOOR_RELEASE = """if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
 end
@@ -91,8 +93,9 @@ for _ in range(600):
 else:
     sys.exit(f"{server} did not start")
 
-version = re.search(r"(redis|valkey)_version:(\S+)", cli("INFO", "server"))
-name = f"{'Valkey' if 'valkey' in server else 'Redis'} {version.group(2) if version else '?'}"
+info = cli("INFO", "server")
+version = re.search(r"valkey_version:(\S+)", info) or re.search(r"redis_version:(\S+)", info)
+name = f"{'Valkey' if 'valkey' in server else 'Redis'} {version.group(1) if version else '?'}"
 native = "DELIFEQ" if "ERR unknown command" not in cli("DELIFEQ", "x", "y") else None
 
 def load(src):
@@ -102,6 +105,7 @@ sha = {
     "acquire": load(OURS["acquire"]),
     "release": load(OURS["release"]),
     "floor-acquire": load(FLOOR_ACQUIRE),
+    "floor-acquire-wait": load(FLOOR_ACQUIRE_WAIT),
     "floor-release": load(FLOOR_RELEASE),
     "rslock-release": load(RSLOCK_RELEASE),
 }
@@ -109,6 +113,8 @@ sha = {
 CLIENT = "%032x" % random.getrandbits(128)
 FENCE_TTL = 86400000
 LEASE = 30000
+# The default wait's stay (retry delay 1 s + jitter 50 ms + 2 × op_timeout 2 s).
+STAY = 5050
 
 def owner(i):
     return f"{CLIENT}:{i}"
@@ -159,24 +165,30 @@ def cases():
     n = range(calls)
     held = lambda c, v: b"".join(resp("SET", key(c, i), v(i), "PX", LEASE) for i in n)
     out = [
-        ("acquire", "ours: fenced acquire of a free lock (acquire.lua)", b"",
+        ("acquire", "ours: fenced acquire of a free lock, `wait(0)` (acquire.lua)", b"",
          lambda c: b"".join(resp("EVALSHA", sha["acquire"], 2, key(c, i), "lock:fence", owner(i),
-                                 LEASE, "", "f", FENCE_TTL) for i in n), "evalsha"),
+                                 LEASE) for i in n), "evalsha"),
         ("floor-acquire", "floor: TIME, SET … GET, SET NX PX", b"",
          lambda c: b"".join(resp("EVALSHA", sha["floor-acquire"], 2, key(c, i), "lock:fence",
                                  owner(i), LEASE, FENCE_TTL) for i in n), "evalsha"),
+        ("acquire-wait", "ours: the same with the default wait (queues if busy)", b"",
+         lambda c: b"".join(resp("EVALSHA", sha["acquire"], 2, key(c, i), "lock:fence", owner(i),
+                                 LEASE, STAY) for i in n), "evalsha"),
+        ("floor-acquire-wait", "floor: TIME, SET … GET, SET NX PX, HDEL", b"",
+         lambda c: b"".join(resp("EVALSHA", sha["floor-acquire-wait"], 2, key(c, i), "lock:fence",
+                                 owner(i), LEASE, FENCE_TTL) for i in n), "evalsha"),
         ("release", "ours: fenced release of an unmarked hold (release.lua)",
          lambda c: held(c, lambda i: f"{owner(i)} {token(i)}"),
-         lambda c: b"".join(resp("EVALSHA", sha["release"], 2, key(c, i), "lock:fence", owner(i),
-                                 "r", FENCE_TTL) for i in n), "evalsha"),
+         lambda c: b"".join(resp("EVALSHA", sha["release"], 1, key(c, i), f"{owner(i)} {token(i)}")
+                            for i in n), "evalsha"),
         ("floor-release", "floor: GET, compare, DEL of \"<owner> <token>\"",
          lambda c: held(c, lambda i: f"{owner(i)} {token(i)}"),
          lambda c: b"".join(resp("EVALSHA", sha["floor-release"], 1, key(c, i),
                                  f"{owner(i)} {token(i)}") for i in n), "evalsha"),
         ("unfenced-release", "ours: unfenced release (release.lua)",
          lambda c: held(c, owner),
-         lambda c: b"".join(resp("EVALSHA", sha["release"], 2, key(c, i), "lock:fence", owner(i),
-                                 "r", FENCE_TTL) for i in n), "evalsha"),
+         lambda c: b"".join(resp("EVALSHA", sha["release"], 1, key(c, i), owner(i)) for i in n),
+         "evalsha"),
         ("rslock-release", "rslock's release script (20-byte value)",
          lambda c: held(c, lambda i: "%040x" % i),
          lambda c: b"".join(resp("EVALSHA", sha["rslock-release"], 1, key(c, i), "%040x" % i)
