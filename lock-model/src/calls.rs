@@ -61,29 +61,65 @@ pub fn acquire(
             Script::Acquire
         },
         keys: vec![n[0].clone(), n[1].clone()],
-        args: vec![
-            owner.to_string(),
-            lease.to_string(),
-            stay.map_or(String::new(), |s| s.to_string()),
-            if rejoin { "fj" } else { "f" }.to_string(),
-            fence_ttl.to_string(),
-        ],
+        args: trailing_defaults_left_out(
+            vec![
+                owner.to_string(),
+                lease.to_string(),
+                stay.map_or(String::new(), |s| s.to_string()),
+                if rejoin { "fj" } else { "f" }.to_string(),
+                fence_ttl.to_string(),
+            ],
+            2,
+            &["", "f", DEFAULT_FENCE_TTL],
+        ),
     }
 }
 
+/// The default `fence_ttl` (24 h) in ms, which the scripts assume when it
+/// is left out.
+const DEFAULT_FENCE_TTL: &str = "86400000";
+
+/// `args` less its trailing arguments that equal their defaults
+/// (`defaults`: of the arguments from `args[first]` on), as `node.rs`
+/// leaves them out.
+fn trailing_defaults_left_out(
+    mut args: Vec<String>,
+    first: usize,
+    defaults: &[&str],
+) -> Vec<String> {
+    while args.len() > first
+        && args.last().map(String::as_str) == Some(defaults[args.len() - 1 - first])
+    {
+        args.pop();
+    }
+    args
+}
+
 /// `RedisNode::release` on one server (`Wake::IfReleased`, `PUBLISH`, not
-/// forced). `before_fixes`: item 5's switch
+/// forced): `fence` the hold's token for a writer's guard, whose release
+/// sends the hold's value (`release_writer`), else 0 (the owner id). The
+/// counter is left out of the keys (the prefix has no `{`), and the flags
+/// and `fence_ttl` at their defaults. `before_fixes`: item 5's switch
 /// (`Defects::release_before_fixes`).
-pub fn release(k: u8, owner: &str, fence_ttl: u64, before_fixes: bool) -> Call {
+pub fn release(k: u8, owner: &str, fence: u64, fence_ttl: u64, before_fixes: bool) -> Call {
     let n = names(k);
+    let held = if fence == 0 {
+        owner.to_string()
+    } else {
+        format!("{owner} {fence}")
+    };
     Call {
         script: if before_fixes {
             Script::ReleaseBeforeFixes
         } else {
             Script::Release
         },
-        keys: vec![n[0].clone(), n[1].clone()],
-        args: vec![owner.to_string(), "r".into(), fence_ttl.to_string()],
+        keys: vec![n[0].clone()],
+        args: trailing_defaults_left_out(
+            vec![held, "r".into(), fence_ttl.to_string()],
+            1,
+            &["r", DEFAULT_FENCE_TTL],
+        ),
     }
 }
 

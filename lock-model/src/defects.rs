@@ -92,8 +92,8 @@ impl Defects {
 /// line back; if the fix's line changes, the host says so when it loads the
 /// scripts, and this pair must follow.
 pub const RACE_3_FIX: (&str, &str) = (
-    "local may_be_queued = stay ~= '' or string.find(ARGV[4], 'j', 1, true) ~= nil",
-    "local may_be_queued = string.find(ARGV[4], 'j', 1, true) ~= nil",
+    "local may_be_queued = stay ~= '' or (flags ~= 'f' and string.find(flags, 'j', 1, true) ~= nil)",
+    "local may_be_queued = flags ~= 'f' and string.find(flags, 'j', 1, true) ~= nil",
 );
 
 /// Issue 30 item 5's fix as it stands in `lock-runtime/scripts/release.lua`,

@@ -328,7 +328,7 @@ fn legit(w: &World, s: &State, key: u8, c: u8, owner: Owner) -> bool {
         return true;
     }
     let releasing = |cmd: &Cmd| {
-        matches!(*cmd, Cmd::Release { key: k, owner: o } | Cmd::Keep { key: k, owner: o, .. }
+        matches!(*cmd, Cmd::Release { key: k, owner: o, .. } | Cmd::Keep { key: k, owner: o, .. }
             if k == key && o == owner)
     };
     let g = &s.ghost;

@@ -32,6 +32,9 @@ pub enum Cmd {
     Release {
         key: u8,
         owner: Owner,
+        /// A writer's guard: its hold's token, sent as the hold's value
+        /// (`node.rs::release_writer`); 0 for anything else (the owner id).
+        fence: u64,
     },
     Renew {
         key: u8,
@@ -167,6 +170,8 @@ pub struct Req {
     pub mailbox: Option<Grant>,
     /// Once held: when its lease started (`Hold::acquired_at`).
     pub held_from: u64,
+    /// Once held: its token (`Hold::fence`).
+    pub held_fence: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -154,7 +154,11 @@ impl World {
             s,
             c,
             MAIN,
-            Cmd::Release { key, owner },
+            Cmd::Release {
+                key,
+                owner,
+                fence: 0,
+            },
             Task::Background,
             None,
         );
@@ -167,7 +171,11 @@ impl World {
             s,
             c,
             conn,
-            Cmd::Release { key, owner },
+            Cmd::Release {
+                key,
+                owner,
+                fence: 0,
+            },
             Task::Background,
             None,
         );
@@ -252,9 +260,15 @@ impl World {
                 );
                 ReplyKey::Acquire(read_acquire(&self.run(s, call)))
             }
-            Cmd::Release { key, owner } => {
+            Cmd::Release { key, owner, fence } => {
                 let id = owner_id(c, owner);
-                let call = calls::release(key, &id, self.timing.fence_ttl, d.release_before_fixes);
+                let call = calls::release(
+                    key,
+                    &id,
+                    fence,
+                    self.timing.fence_ttl,
+                    d.release_before_fixes,
+                );
                 let queued = properties::queued_behind(s, key);
                 let reply = match self.run(s, call) {
                     Reply::Int(i) => ReplyKey::Int(i),
@@ -521,6 +535,7 @@ impl World {
         let req = &mut cl.reqs[r as usize];
         req.mailbox = None;
         req.held_from = from;
+        req.held_fence = fence;
         req.phase = Phase::Held {
             fence,
             from,
@@ -541,20 +556,34 @@ impl World {
             return;
         };
         let r = r as u8;
-        let Phase::Held { from, .. } = s.clients[c as usize].reqs[r as usize].phase else {
+        let Phase::Held { fence, from, .. } = s.clients[c as usize].reqs[r as usize].phase else {
             unreachable!()
         };
         let p = self.plan(c, r).clone();
         properties::on_leave(s, p.key, c, owner, None);
-        self.end_in_background(s, c, p.key, owner, from, p.min_hold);
+        self.end_in_background(s, c, p.key, owner, (fence, from), p.min_hold);
         s.clients[c as usize].reqs[r as usize].phase = Phase::Done(Outcome::Lost);
     }
 
     /// A guard's release command: keep (`min_hold` left) or release.
-    fn release_cmd(&self, now: u64, key: u8, owner: Owner, from: u64, min: Option<u64>) -> Cmd {
+    /// (`fence`: the hold's token.)
+    fn release_cmd(
+        &self,
+        now: u64,
+        key: u8,
+        owner: Owner,
+        (fence, from): (u64, u64),
+        min: Option<u64>,
+    ) -> Cmd {
         match decide::keep_for(from, min, now) {
             Some(left) => Cmd::Keep { key, owner, left },
-            None => Cmd::Release { key, owner },
+            // A writer's release sends its hold's value, a reader's its
+            // owner id (`Backend::release_held`).
+            None => Cmd::Release {
+                key,
+                owner,
+                fence: if owner.read { 0 } else { fence },
+            },
         }
     }
 
@@ -565,23 +594,23 @@ impl World {
         c: u8,
         key: u8,
         owner: Owner,
-        from: u64,
+        held: (u64, u64),
         min: Option<u64>,
     ) {
-        let cmd = self.release_cmd(s.now, key, owner, from, min);
+        let cmd = self.release_cmd(s.now, key, owner, held, min);
         self.send(s, c, MAIN, cmd, Task::Background, None);
     }
 
     /// The body is done: `guard.release()` (`release_one`).
     fn body_done(&self, s: &mut State, c: u8, r: u8) {
         let p = self.plan(c, r).clone();
-        let Phase::Held { from, .. } = s.clients[c as usize].reqs[r as usize].phase else {
+        let Phase::Held { fence, from, .. } = s.clients[c as usize].reqs[r as usize].phase else {
             unreachable!()
         };
         let owner = s.clients[c as usize].reqs[r as usize].owner;
         // Renewals stop first (a renewal already on the wire goes on).
         s.clients[c as usize].watchdog.remove(&owner);
-        let cmd = self.release_cmd(s.now, p.key, owner, from, p.min_hold);
+        let cmd = self.release_cmd(s.now, p.key, owner, (fence, from), p.min_hold);
         let kept = matches!(cmd, Cmd::Keep { .. }).then(|| from + p.min_hold.unwrap_or(0));
         properties::on_leave(s, p.key, c, owner, kept);
         let op = self.send(s, c, MAIN, cmd, Task::Req(r), None);
@@ -664,7 +693,11 @@ impl World {
                             // connection, then fails.
                             let key = self.plan(c, r).key;
                             let owner = s.clients[c as usize].reqs[r as usize].owner;
-                            let cmd = Cmd::Release { key, owner };
+                            let cmd = Cmd::Release {
+                                key,
+                                owner,
+                                fence: 0,
+                            };
                             let op = self.send(s, c, MAIN, cmd, Task::Req(r), None);
                             s.clients[c as usize].reqs[r as usize].phase = Phase::Unacking(op);
                         }
@@ -923,8 +956,8 @@ impl World {
             s.clients[c as usize].ops.remove(&op);
             let p = self.plan(c, r).clone();
             let req = &s.clients[c as usize].reqs[r as usize];
-            let (owner, from) = (req.owner, req.held_from);
-            self.end_in_background(s, c, p.key, owner, from, p.min_hold);
+            let (owner, held) = (req.owner, (req.held_fence, req.held_from));
+            self.end_in_background(s, c, p.key, owner, held, p.min_hold);
             s.clients[c as usize].reqs[r as usize].phase = Phase::Done(Outcome::Released);
             return;
         }
@@ -1072,6 +1105,7 @@ impl World {
                             waiter: false,
                             mailbox: None,
                             held_from: 0,
+                            held_fence: 0,
                         })
                         .collect(),
                     next_owner: 0,

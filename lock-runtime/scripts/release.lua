@@ -1,20 +1,25 @@
 -- End one acquisition: hand the lock to the first live waiter in its
 -- queue, or delete it. A waiter that gives up leaves the queue by this
 -- same call.
--- KEYS[1] lock, KEYS[2] the token counter of its slot, KEYS[3..5] on a
--- Redis Cluster its queue, waiters and readers (see acquire.lua for all,
--- and the lock's value)
--- ARGV[1] owner id
+-- KEYS[1] lock, KEYS[2] the token counter of its slot (left out on one
+-- server when the key prefix has no '{'), KEYS[3..5] on a Redis Cluster
+-- its queue, waiters and readers (see acquire.lua for all, and the lock's
+-- value)
+-- ARGV[1] owner id, or a writer's hold as its acquire wrote it: "<owner>
+--         <token>" ("<owner>" without a token); a lock of exactly that
+--         value is deleted at once
 -- ARGV[2] flags: 's' tell waiters by SPUBLISH (a Redis Cluster; else
 --         PUBLISH); Redlock wake-ups on KEYS[1] .. ':released' (its waiters
 --         do not queue): 'r' when this deletes a marked lock, 'a' also when
 --         the lock is absent (a waiter may listen on a node where this
 --         owner's lock never landed), 'n' never (taking back a partial
 --         grant); 'f' a forced release (an operator's, run as the holder):
---         it hands on as any release does, but does not record ARGV[1] as
+--         it hands on as any release does, but does not record its owner as
 --         <from>, so that the holder's own later release finds the lock
 --         lost instead of taking itself for a re-send of this one
 -- ARGV[3] how long the counter outlives its last use, in ms
+-- Trailing arguments at their default are left out: ARGV[2] 'r', ARGV[3]
+-- 86400000 (see acquire.lua).
 -- A reader (owner id "<client id>:r<n>") leaves the readers; the last one
 -- out releases the lock as a writer would. A writer's release hands the
 -- lock to a queued writer, or to the queued readers up to the next writer,
@@ -22,8 +27,21 @@
 -- Returns 1 released (also: an earlier send of this release handed it
 -- over), 0 absent (expired, deleted, or released by an earlier send of
 -- this same release), -1 held by another owner.
-local lock, owner, flags = KEYS[1], ARGV[1], ARGV[2]
+local lock, held = KEYS[1], ARGV[1]
 local cur = redis.pcall('get', lock)
+
+-- The fast path, straight through: the hold as its acquire wrote it,
+-- nobody queued behind it (the rslock release, and a wake-up on Redlock).
+if cur == held then
+  redis.call('del', lock)
+  if ARGV[2] and string.find(ARGV[2], 'a', 1, true) then
+    redis.call('publish', lock .. ':released', '')
+  end
+  return 1
+end
+
+local owner = string.match(held, '^%S*')
+local flags, ttl = ARGV[2] or 'r', ARGV[3] or '86400000'
 local holder, tok, mark, from
 -- An unfenced hold nobody queued behind is the owner alone: no parsing.
 local mine = cur == owner
@@ -32,7 +50,7 @@ if not mine and type(cur) == 'string' then
   mine = holder == owner and (mark == '' or mark == '-')
 end
 
--- The fast path, straight through: nobody waits behind this writer.
+-- Nobody waits behind this writer (handed the lock, or forced out).
 if mine then
   redis.call('del', lock)
   if string.find(flags, 'a', 1, true) then
@@ -89,11 +107,12 @@ end
 local function next_token()
   clock()
   local token = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local last = redis.pcall('set', KEYS[2], string.format('%.0f', token), 'PX', ARGV[3], 'GET')
+  local counter = KEYS[2] or string.match(lock, '^[^{]*') .. 'fence'
+  local last = redis.pcall('set', counter, string.format('%.0f', token), 'PX', ttl, 'GET')
   local n = type(last) == 'string' and string.match(last, '^%d+$') and tonumber(last)
   if n and n >= token then
     token = n + 1
-    redis.call('set', KEYS[2], string.format('%.0f', token), 'PX', ARGV[3])
+    redis.call('set', counter, string.format('%.0f', token), 'PX', ttl)
   end
   return string.format('%.0f', token)
 end

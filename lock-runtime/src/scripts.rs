@@ -39,6 +39,10 @@ pub(crate) const ALL: [&Script; 7] = [
     &INSPECT,
 ];
 
+/// The `fence_ttl` the scripts take when it is left out of a call (the
+/// client's default): one argument less for the server to read.
+pub(crate) const DEFAULT_FENCE_TTL: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
 /// One argument of a script call, written straight into the command: a
 /// number costs no string of its own.
 #[derive(Debug, Clone, Copy)]

@@ -1,7 +1,7 @@
 //! Side-by-side lock benchmarks: the Redis floor, our runtime (manual API and
 //! attribute, fenced and unfenced), `rslock` and redis-py's `Lock`, all
 //! against `redis-server`s this bench starts itself, all in one run; and what
-//! a lock costs the server and the client (cases 9 and 10), on the main
+//! a lock costs the server and the client (cases 9 to 11), on the main
 //! server (`LOCK_TEST_SERVER`, default `redis-server`) and on one of the
 //! other kind (`valkey-server` next to Redis) started in the same run.
 //!
@@ -50,6 +50,8 @@ mod read_heavy;
 mod redlock;
 #[path = "locks/report.rs"]
 mod report;
+#[path = "locks/script_costs.rs"]
+mod script_costs;
 #[path = "locks/servers.rs"]
 mod servers;
 #[path = "locks/stats.rs"]
@@ -206,6 +208,10 @@ fn main() {
     if ctx.wants(10) {
         step("case 10: server memory per distinct lock name");
         memory::run(&ctx, &mut report);
+    }
+    if ctx.wants(11) {
+        step("case 11: each script per call against the floor");
+        script_costs::run(&ctx, &mut report);
     }
     step("done");
 

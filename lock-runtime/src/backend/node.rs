@@ -778,6 +778,7 @@ impl RedisNode {
             (Some(stay), true) => Arg::Num(millis(stay)),
         };
         let ttl = Arg::Num(millis(self.settings.fence_ttl));
+        let default_ttl = self.settings.fence_ttl == scripts::DEFAULT_FENCE_TTL;
         let keys = self.script_keys(name);
         let (keys, n) = keys.refs();
         let keys = &keys[..n];
@@ -801,12 +802,17 @@ impl RedisNode {
                     ttl,
                     Arg::Num(0),
                 ];
+                // Trailing arguments at the script's defaults stay out:
+                // the server pays for each (about 2 000 instructions).
                 let n = match floor {
                     Some(f) => {
                         args[5] = Arg::Num(f);
                         6
                     }
-                    None => 5,
+                    None if !default_ttl => 5,
+                    None if flags != "f" => 4,
+                    None if !matches!(stay, Arg::Str("")) => 3,
+                    None => 2,
                 };
                 let keys = &keys;
                 async move {
@@ -857,25 +863,44 @@ impl RedisNode {
     }
 
     /// Run the release script as `owner`: (its answer, whether an earlier
-    /// send may have run).
+    /// send may have run). `fence`: a writer's token (0: none), for the
+    /// script's first comparison: a lock holding exactly "<owner>
+    /// <fence>" is deleted at once.
     pub(crate) async fn run_release(
         &self,
         name: &LockName,
-        owner: &str,
+        (owner, fence): (&str, Option<u64>),
         wake: Wake,
         forced: bool,
     ) -> Result<(i64, bool), Fault> {
         let flags = self.release_flags(wake, forced);
         let ttl = millis(self.settings.fence_ttl);
+        let held;
+        let first = match fence {
+            Some(f) if f > 0 => {
+                held = format!("{owner} {f}");
+                Arg::Str(&held)
+            }
+            _ => Arg::Str(owner),
+        };
+        let args = [first, Arg::Str(flags), Arg::Num(ttl)];
+        // Trailing arguments at the script's defaults stay out, and so
+        // does the counter where the script can name it (it needs it only
+        // to hand the lock over).
+        let n = if self.settings.fence_ttl != scripts::DEFAULT_FENCE_TTL {
+            3
+        } else if flags != "r" {
+            2
+        } else {
+            1
+        };
         let keys = self.script_keys(name);
-        let (keys, n) = keys.refs();
-        let keys = &keys[..n];
-        self.eval_noting_repeats(
-            &scripts::RELEASE,
-            keys,
-            &[Arg::Str(owner), Arg::Str(flags), Arg::Num(ttl)],
-        )
-        .await
+        let (keys, mut k) = keys.refs();
+        if !self.is_cluster() && !name.prefix().contains('{') {
+            k = 1;
+        }
+        self.eval_noting_repeats(&scripts::RELEASE, &keys[..k], &args[..n])
+            .await
     }
 
     /// Release `owner`'s lock: hand it to the first live waiter in its
@@ -887,7 +912,17 @@ impl RedisNode {
         owner: &str,
         wake: Wake,
     ) -> Result<Released, Fault> {
-        let (freed, repeated) = self.run_release(name, owner, wake, false).await?;
+        self.release_as(name, (owner, None), wake).await
+    }
+
+    /// [`release`](Self::release) of a writer's hold with token `fence`.
+    async fn release_as(
+        &self,
+        name: &LockName,
+        held: (&str, Option<u64>),
+        wake: Wake,
+    ) -> Result<Released, Fault> {
+        let (freed, repeated) = self.run_release(name, held, wake, false).await?;
         Ok(self.released(freed, repeated))
     }
 
@@ -953,7 +988,9 @@ impl RedisNode {
                         tracing::warn!(redis = %self.addr, error = %e, "the server refused its own compare-and-delete; releasing by script from now on");
                         self.native_refused
                             .store(true, std::sync::atomic::Ordering::Relaxed);
-                        return self.release(name, owner, Wake::IfReleased).await;
+                        return self
+                            .release_as(name, (owner, Some(fence)), Wake::IfReleased)
+                            .await;
                     }
                     Err(e) => return Err(e),
                 };
@@ -966,12 +1003,13 @@ impl RedisNode {
                 // The first send may have deleted it; the script below
                 // finds it absent and says so, which counts as released.
                 let (freed, _) = self
-                    .run_release(name, owner, Wake::IfReleased, false)
+                    .run_release(name, (owner, Some(fence)), Wake::IfReleased, false)
                     .await?;
                 return Ok(self.released(freed, true));
             }
         }
-        self.release(name, owner, Wake::IfReleased).await
+        self.release_as(name, (owner, Some(fence)), Wake::IfReleased)
+            .await
     }
 
     /// End `owner`'s hold but leave the lock taken for `left` more, unless

@@ -442,9 +442,19 @@ pub fn run(ctx: &Ctx, report: &mut Report) {
             );
             if let Some(r) = get(s, Keys::Fresh, Who::Rslock) {
                 report.why(format!(
-                    "the commands behind it in this run, per cycle: ours {}; rslock {}",
+                    "the commands behind it in this run, per cycle: ours {}; rslock {}. {}",
                     m.costs.per_cycle(m.cycles),
-                    r.costs.per_cycle(r.cycles)
+                    r.costs.per_cycle(r.cycles),
+                    if who == Who::Fenced {
+                        "The scripts themselves cost what hand-written minimal ones running the same \
+                         commands cost (case 11): the difference is those commands (a fenced acquire \
+                         runs TIME, the counter's SET … GET and SET NX PX, and with a wait the HDEL \
+                         that takes a re-sent attempt out of the queue) and a second script call per \
+                         cycle where rslock sends a bare SET. What would meet it: fewer commands per \
+                         token (the counter and the clock are what make tokens survive a lost counter)"
+                    } else {
+                        ""
+                    }
                 ));
             }
         }

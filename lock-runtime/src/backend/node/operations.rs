@@ -53,7 +53,7 @@ impl RedisNode {
         owner: &str,
         wake: Wake,
     ) -> Result<bool, Fault> {
-        let (ended, repeated) = self.run_release(name, owner, wake, true).await?;
+        let (ended, repeated) = self.run_release(name, (owner, None), wake, true).await?;
         // As for any release: an earlier send whose reply was lost may have
         // ended it (on a cluster the client also re-sends on its own).
         Ok(ended == 1 || repeated || (ended == 0 && self.is_cluster()))
