@@ -51,6 +51,8 @@ pub(crate) enum Arg<'a> {
     Num(u64),
     /// A number behind a one-letter tag (`w1500`).
     Tagged(char, u64),
+    /// A string, a space and a number: a hold's value, `<owner> <token>`.
+    Held(&'a str, u64),
 }
 
 impl Arg<'_> {
@@ -60,6 +62,7 @@ impl Arg<'_> {
             Arg::Str(s) => s.len(),
             Arg::Num(_) => 20,
             Arg::Tagged(..) => 24,
+            Arg::Held(s, _) => s.len() + 21,
         }
     }
 }
@@ -78,6 +81,23 @@ impl ToRedisArgs for Arg<'_> {
                 let digits = decimal(n, &mut buf);
                 tagged[tag..tag + digits.len()].copy_from_slice(digits);
                 out.write_arg(&tagged[..tag + digits.len()]);
+            }
+            Arg::Held(s, n) => {
+                let digits = decimal(n, &mut buf);
+                let len = s.len() + 1 + digits.len();
+                // On the stack for every owner id the client makes.
+                let mut small = [0u8; 96];
+                let mut large = Vec::new();
+                let held: &mut [u8] = if len <= small.len() {
+                    &mut small[..len]
+                } else {
+                    large.resize(len, 0);
+                    &mut large
+                };
+                held[..s.len()].copy_from_slice(s.as_bytes());
+                held[s.len()] = b' ';
+                held[s.len() + 1..].copy_from_slice(digits);
+                out.write_arg(held);
             }
         }
     }
@@ -157,7 +177,9 @@ mod tests {
         cmd.arg(Arg::Num(1500))
             .arg(Arg::Tagged('w', 0))
             .arg(Arg::Tagged('w', 1500))
-            .arg(Arg::Str("a b"));
+            .arg(Arg::Str("a b"))
+            .arg(Arg::Held("c1:7", 1_718_000_000_000_001))
+            .arg(Arg::Held(&"o".repeat(100), 42));
         let args: Vec<&[u8]> = cmd
             .args_iter()
             .map(|a| match a {
@@ -165,6 +187,17 @@ mod tests {
                 _ => &[],
             })
             .collect();
-        assert_eq!(args, [&b"1500"[..], b"w0", b"w1500", b"a b"]);
+        let long = format!("{} 42", "o".repeat(100));
+        assert_eq!(
+            args,
+            [
+                &b"1500"[..],
+                b"w0",
+                b"w1500",
+                b"a b",
+                b"c1:7 1718000000000001",
+                long.as_bytes()
+            ]
+        );
     }
 }

@@ -875,12 +875,8 @@ impl RedisNode {
     ) -> Result<(i64, bool), Fault> {
         let flags = self.release_flags(wake, forced);
         let ttl = millis(self.settings.fence_ttl);
-        let held;
         let first = match fence {
-            Some(f) if f > 0 => {
-                held = format!("{owner} {f}");
-                Arg::Str(&held)
-            }
+            Some(f) if f > 0 => Arg::Held(owner, f),
             _ => Arg::Str(owner),
         };
         let args = [first, Arg::Str(flags), Arg::Num(ttl)];
