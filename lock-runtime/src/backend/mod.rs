@@ -351,7 +351,7 @@ impl Backend {
     /// refused here with a typed error, before it reaches them, so every
     /// other verb only ever sees permits of a deployment that keeps them.
     pub(crate) fn has_semaphores(&self) -> Result<(), Fault> {
-        let (Backend::Memory(_) | Backend::Redlock(_)) = self else {
+        let Backend::Redlock(_) = self else {
             return Ok(());
         };
         Err(Fault::Config(format!(
