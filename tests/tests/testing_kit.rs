@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_runtime::{
-    current_fence, current_fences, distributed_lock, with_client, LockClient, LockError,
+    current_fence, current_fences, distributed_lock, with_client, LockClient, LockError, LockMode,
 };
 use tokio::time::{sleep, Instant};
 
@@ -183,6 +183,7 @@ async fn expire_on_a_semaphore_ends_its_oldest_permit() {
     sleep(Duration::from_secs(2)).await;
     assert_eq!(c_pages.load(Ordering::SeqCst), 0, "a third render ran");
     let info = client.inspect("render:1").await.unwrap().unwrap();
+    assert_eq!(info.mode, LockMode::Semaphore { permits: 2 });
     assert_eq!((info.holders.len(), info.waiters), (2, 1), "{info:?}");
 
     // One permit ends, the one taken first: `a`'s. The waiter gets it at once.
