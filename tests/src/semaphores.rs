@@ -467,6 +467,47 @@ pub async fn min_hold_keeps_the_permit_counted(d: &Deployment) {
     d.assert_nothing_left(&key).await;
 }
 
+/// The watchdog keeps a permit with a short lease for as long as its body
+/// runs (renewed in the watchdog's round beside a lock's), and stops at
+/// `max_hold`: the permit lapses and the holder is told.
+pub async fn renewals_keep_a_permit_until_max_hold(d: &Deployment) {
+    let key = crate::unique("sem-renew");
+    let lease = Duration::from_millis(300);
+    let lock_key = crate::unique("sem-renew-lock");
+    let lock = d.client(0).lock(&lock_key).lease(lease).await.unwrap();
+    let g = d
+        .client(0)
+        .semaphore(&key, 1)
+        .lease(lease)
+        .max_hold(Duration::from_millis(1500))
+        .await
+        .unwrap();
+    tokio::time::sleep(lease * 3).await;
+    assert!(!g.is_lost() && !lock.is_lost(), "{}: not renewed", d.name);
+    let r = d.client(1).semaphore(&key, 1).wait(Duration::ZERO).await;
+    assert!(
+        matches!(r, Err(LockError::Timeout { .. })),
+        "{}: {r:?}",
+        d.name
+    );
+    tokio::time::timeout(Duration::from_secs(5), g.lost())
+        .await
+        .unwrap_or_else(|_| panic!("{}: max_hold did not end the permit", d.name));
+    let next = d
+        .client(1)
+        .semaphore(&key, 1)
+        .wait(Duration::from_secs(5))
+        .await
+        .unwrap();
+    next.release().await.unwrap();
+    assert!(matches!(
+        g.release().await,
+        Err(LockError::MaxHoldReached { .. } | LockError::Lost { .. })
+    ));
+    lock.release().await.unwrap();
+    d.assert_nothing_left(&key).await;
+}
+
 /// Every check above, in turn.
 pub async fn all(d: &Deployment) {
     at_most_n_at_once(d).await;
@@ -478,4 +519,5 @@ pub async fn all(d: &Deployment) {
     operations(d).await;
     locks_and_semaphores_exclude_each_other(d).await;
     min_hold_keeps_the_permit_counted(d).await;
+    renewals_keep_a_permit_until_max_hold(d).await;
 }

@@ -3,6 +3,7 @@
 //! Redis Cluster; on one Redis also the hand-off's cost, a dead holder, a
 //! dead waiter, lost replies and a long queue.
 
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockError};
@@ -426,4 +427,124 @@ async fn ten_thousand_dead_waiters_do_not_make_a_release_o_of_waiters() {
     );
     g.release().await.unwrap();
     d.assert_nothing_left(&key).await;
+}
+
+/// Every command's CPU time (µs) and calls since the last reset, by name.
+fn command_stats(server: &RedisServer) -> Vec<(String, u64, u64)> {
+    let info: String = server.cmd(&["INFO", "commandstats"]);
+    info.lines()
+        .filter_map(|l| l.strip_prefix("cmdstat_"))
+        .filter(|l| !l.starts_with("info:") && !l.starts_with("config|resetstat:"))
+        .filter_map(|l| {
+            let (name, rest) = l.split_once(':')?;
+            let field = |f: &str| -> Option<u64> {
+                rest.split(',')
+                    .find_map(|kv| kv.strip_prefix(f))?
+                    .parse()
+                    .ok()
+            };
+            Some((name.to_owned(), field("calls=")?, field("usec=")?))
+        })
+        .collect()
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// The figures of docs/SEMAPHORES.md ("What it costs"): Redis CPU of an
+/// uncontended acquire + release, a semaphore's against a lock's in the
+/// same run (interleaved rounds), and the hand-off latency of each. Run by
+/// hand: `cargo test --release -p tests --test semaphores -- --ignored
+/// --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: run by hand"]
+async fn measure_costs_and_hand_off() {
+    let server = RedisServer::start();
+    let client = builder().connect(&server.url()).await.unwrap();
+    const CYCLES: usize = 1000;
+    let mut usec = [0u64; 2];
+    let mut calls = [0u64; 2];
+    let mut scripts = [0u64; 2];
+    for round in 0..6 {
+        for (i, sem) in [false, true].into_iter().enumerate() {
+            let keys: Vec<String> = (0..CYCLES).map(|_| unique("cost")).collect();
+            server.reset_stats();
+            for key in &keys {
+                let g = if sem {
+                    client.semaphore(key, 4).await.unwrap()
+                } else {
+                    client.lock(key).await.unwrap()
+                };
+                g.release().await.unwrap();
+            }
+            if round == 0 {
+                continue; // warm-up
+            }
+            for (name, c, u) in command_stats(&server) {
+                usec[i] += u;
+                if name == "evalsha" || name == "eval" {
+                    scripts[i] += c;
+                } else {
+                    calls[i] += c;
+                }
+            }
+        }
+    }
+    let per = |x: u64| x as f64 / (5 * CYCLES) as f64;
+    println!(
+        "uncontended acquire + release, Redis CPU per cycle: lock {:.1} µs ({:.1} scripts, {:.1} inner commands), semaphore {:.1} µs ({:.1} scripts, {:.1} inner commands): {:.2}×",
+        per(usec[0]),
+        per(scripts[0]),
+        per(calls[0]),
+        per(usec[1]),
+        per(scripts[1]),
+        per(calls[1]),
+        usec[1] as f64 / usec[0] as f64
+    );
+
+    // Hand-off: two tasks take turns on one key; the waiter measures from
+    // the holder's call to release() to its own guard in hand.
+    for sem in [false, true] {
+        let key = unique("handoff");
+        let released = Arc::new(Mutex::new(None::<Instant>));
+        let samples = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for _ in 0..2 {
+            let (c, key, released, samples) = (
+                builder().connect(&server.url()).await.unwrap(),
+                key.clone(),
+                released.clone(),
+                samples.clone(),
+            );
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..300 {
+                    let req = if sem {
+                        c.semaphore(&key, 1)
+                    } else {
+                        c.lock(&key)
+                    };
+                    let g = req.wait(Duration::from_secs(30)).await.unwrap();
+                    if let Some(at) = released.lock().unwrap().take() {
+                        samples.lock().unwrap().push(at.elapsed());
+                    }
+                    tokio::time::sleep(Duration::from_micros(500)).await;
+                    *released.lock().unwrap() = Some(Instant::now());
+                    g.release().await.unwrap();
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let mut s = samples.lock().unwrap().clone();
+        s.sort();
+        println!(
+            "{} hand-off over {} turns: p50 {:?}, p99 {:?}",
+            if sem { "semaphore(1)" } else { "lock" },
+            s.len(),
+            percentile(&s, 0.5),
+            percentile(&s, 0.99)
+        );
+    }
 }

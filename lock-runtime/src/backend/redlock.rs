@@ -108,6 +108,20 @@ fn verdict(n: usize, quorum: usize, confirmed: usize, denied: usize) -> Verdict 
     }
 }
 
+/// How many of `nodes` must grant a hold of `mode`: a majority for a lock,
+/// `floor(N·M / (N + 1)) + 1` for a permit of a semaphore of N (a plain
+/// majority would let N + 1 hold: see `docs/SEMAPHORES.md`).
+#[allow(dead_code)] // Until this backend keeps semaphores.
+pub(crate) fn quorum_for(mode: crate::key::Mode, nodes: usize) -> usize {
+    match mode.permits() {
+        Some(n) => {
+            let n = n as usize;
+            (n * nodes / (n + 1) + 1).min(nodes)
+        }
+        None => nodes / 2 + 1,
+    }
+}
+
 /// Microseconds since the Unix epoch on this machine: the lowest token a
 /// Redlock acquire hands out, so tokens stay above earlier ones even where a
 /// majority of nodes lost their counters.
@@ -669,6 +683,29 @@ impl RedlockBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_permit_needs_more_than_a_majority_so_that_n_plus_one_cannot_hold() {
+        use crate::key::Mode;
+        assert_eq!(quorum_for(Mode::Write, 3), 2);
+        assert_eq!(quorum_for(Mode::Permit(1), 3), 2);
+        assert_eq!(quorum_for(Mode::Permit(2), 3), 3);
+        assert_eq!(quorum_for(Mode::Permit(1), 5), 3);
+        assert_eq!(quorum_for(Mode::Permit(2), 5), 4);
+        assert_eq!(quorum_for(Mode::Permit(3), 5), 4);
+        assert_eq!(quorum_for(Mode::Permit(4), 5), 5);
+        // N + 1 holders with q grants each need more grants than M nodes
+        // of N permits have.
+        for m in 1..=9usize {
+            for n in 1..=12u32 {
+                let q = quorum_for(Mode::Permit(n), m);
+                assert!(
+                    q <= m && (n as usize + 1) * q > n as usize * m,
+                    "M {m} N {n}: {q}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn a_majority_confirms_and_a_blocking_minority_denies() {
