@@ -310,6 +310,25 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn memory_stays_bounded_however_many_semaphores_are_used() {
+        let client = LockClient::memory();
+        for i in 0..2_000 {
+            let key = format!("render:{i}");
+            let a = client.semaphore(&key, 2).await.unwrap();
+            let b = client.semaphore(&key, 2).await.unwrap();
+            a.release().await.unwrap();
+            b.release().await.unwrap();
+            // Left to its min_hold: kept until then.
+            let kept = client.semaphore(format!("import:{i}"), 3);
+            let kept = kept.min_hold(Duration::from_secs(60)).await.unwrap();
+            kept.release().await.unwrap();
+        }
+        assert_eq!(client.locks("render:*").await.unwrap(), []);
+        assert_eq!(client.locks("import:*").await.unwrap().len(), 2_000);
+        assert_eq!(entries(&client).await, 0, "nothing is kept for free keys");
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_waiter_of_a_smaller_semaphore_holds_back_those_behind_it() {
         // Two versions disagree on N: 3 hold under N = 3; a request with
         // N = 2 waits at the head, and a later N = 3 request does not pass it.
