@@ -131,7 +131,7 @@ impl Shared {
             }
             None => {}
         }
-        self.serve_permits(state, name, now);
+        self.serve_heads(state, name, now, Some(owner));
         let held = state.permits_held(&name.hash, now).unwrap_or(0);
         if held < permits as usize && state.queued_before(&name.hash, owner, now) == 0 {
             state.leave_queue(&name.hash, owner);
@@ -202,7 +202,23 @@ impl Shared {
     /// one whose own `permits` do not admit the holders stops the serving
     /// (strictly first come, first served).
     pub(super) fn serve_permits(&self, state: &mut State, name: &LockName, now: Instant) {
+        self.serve_heads(state, name, now, None);
+    }
+
+    /// [`serve_permits`](Self::serve_permits), stopping at `asking` (a
+    /// request that is at the head is admitted by its own call, not
+    /// granted).
+    fn serve_heads(
+        &self,
+        state: &mut State,
+        name: &LockName,
+        now: Instant,
+        asking: Option<&Arc<str>>,
+    ) {
         while let Some(head) = state.queues.get(&name.hash).and_then(VecDeque::front) {
+            if asking.is_some_and(|o| *o == head.owner) {
+                break;
+            }
             if head.until <= now {
                 state.queues.get_mut(&name.hash).map(VecDeque::pop_front);
                 continue;
