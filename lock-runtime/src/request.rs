@@ -927,6 +927,7 @@ impl std::fmt::Debug for LockRequest {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LockRequest")
             .field("key", &self.key)
+            .field("mode", &self.mode)
             .field("lease", &self.lease)
             .field("wait", &self.wait)
             .finish()

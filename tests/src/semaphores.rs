@@ -144,6 +144,8 @@ pub async fn tokens_rise(d: &Deployment) {
     let g = d.client(0).semaphore(&key, 2).fence(false).await.unwrap();
     assert_eq!(g.fence(), 0);
     g.release().await.unwrap();
+    let none = d.client(0).semaphore(&key, 0).await;
+    assert!(matches!(none, Err(LockError::Config(_))), "{none:?}");
     d.assert_nothing_left(&key).await;
 }
 

@@ -448,6 +448,84 @@ fn command_stats(server: &RedisServer) -> Vec<(String, u64, u64)> {
         .collect()
 }
 
+/// Instructions Redis ran for `cycles` uncontended acquire + release
+/// cycles of locks and of permits, counted by callgrind: a redis-server
+/// started by hand under `valgrind --tool=callgrind` with its pid in
+/// `SEM_CALLGRIND_PID` and its URL in `SEM_CALLGRIND_URL`. Repeatable
+/// where wall-clock CPU is not (a loaded machine).
+async fn callgrind_costs(cycles: usize) -> Option<[f64; 2]> {
+    let pid = std::env::var("SEM_CALLGRIND_PID").ok()?;
+    let url = std::env::var("SEM_CALLGRIND_URL").ok()?;
+    let client = LockClient::builder()
+        .op_timeout(Duration::from_secs(10))
+        .connect(&url)
+        .await
+        .unwrap();
+    let control = |arg: &str| {
+        let out = std::process::Command::new("callgrind_control")
+            .args([arg, &pid])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "callgrind_control {arg}: {out:?}");
+    };
+    let mut per = [0.0; 2];
+    for (i, sem) in [false, true].into_iter().enumerate() {
+        // Warm: scripts loaded, connections open.
+        for _ in 0..20 {
+            let key = unique("cg");
+            let g = if sem {
+                client.semaphore(&key, 4).await
+            } else {
+                client.lock(&key).await
+            };
+            g.unwrap().release().await.unwrap();
+        }
+        let keys: Vec<String> = (0..cycles).map(|_| unique("cg")).collect();
+        control("-z");
+        for key in &keys {
+            let g = if sem {
+                client.semaphore(key, 4).await
+            } else {
+                client.lock(key).await
+            };
+            g.unwrap().release().await.unwrap();
+        }
+        let before: std::collections::HashSet<_> = dumps(&pid);
+        control("-d");
+        let file = dumps(&pid)
+            .difference(&before)
+            .next()
+            .cloned()
+            .expect("a new dump");
+        let text = std::fs::read_to_string(&file).unwrap();
+        let total: u64 = text
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("summary: ")
+                    .or_else(|| l.strip_prefix("totals: "))
+            })
+            .and_then(|n| n.split_whitespace().next()?.parse().ok())
+            .expect("a total in the dump");
+        per[i] = total as f64 / cycles as f64;
+    }
+    Some(per)
+}
+
+/// The callgrind dumps of process `pid` in the working directory of the
+/// run (`SEM_CALLGRIND_DIR`).
+fn dumps(pid: &str) -> std::collections::HashSet<std::path::PathBuf> {
+    let dir = std::env::var("SEM_CALLGRIND_DIR").unwrap_or_else(|_| ".".into());
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&format!("callgrind.out.{pid}")))
+        })
+        .collect()
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
@@ -490,6 +568,12 @@ async fn measure_costs_and_hand_off() {
                 }
             }
         }
+    }
+    if let Some([lock, sem]) = callgrind_costs(500).await {
+        println!(
+            "callgrind, Redis instructions per uncontended acquire + release: lock {lock:.0}, semaphore {sem:.0}: {:.2}×",
+            sem / lock
+        );
     }
     let per = |x: u64| x as f64 / (5 * CYCLES) as f64;
     println!(
