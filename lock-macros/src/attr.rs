@@ -403,6 +403,8 @@ fn suggestion(given: &str) -> Option<(&'static str, &'static str)> {
         ("max_concurrent", "permits", ""),
         ("concurrency", "permits", ""),
         ("max_holders", "permits", ""),
+        ("max_concurrency", "permits", ""),
+        ("semaphore", "permits", " (a semaphore of N permits)"),
     ];
     if let Some((_, name, why)) = known.iter().find(|(alias, _, _)| *alias == lower) {
         return Some((name, why));
@@ -538,6 +540,7 @@ mod tests {
         assert!(e(quote!(key = "k", permits = 2, mode = "write")).contains("`mode = \"write\"`"));
         assert!(e(quote!(key = "k", limit = 2)).contains("did you mean `permits`"));
         assert!(e(quote!(key = "k", permit = 2)).contains("did you mean `permits`"));
+        assert!(e(quote!(key = "k", semaphore = 2)).contains("did you mean `permits`"));
     }
 
     #[test]
