@@ -689,3 +689,40 @@ async fn a_release_waits_out_a_slot_half_moved() {
         "left behind: {left:?}"
     );
 }
+
+/// `raise_permit_fence.lua` (Redlock: every granted node learns the token
+/// the acquisition chose) raises the permit's token and the slot's
+/// counter, never lowers either, and leaves another owner's permit alone.
+#[tokio::test]
+async fn raising_a_permits_token_only_raises() {
+    let server = RedisServer::start();
+    let key = unique("sem-raise");
+    let hash = format!("lock:{{{key}}}");
+    let token = permit(&server, &key, "c1:s2.1", 30_000, "")[1];
+    let other = permit(&server, &key, "c2:s2.1", 30_000, "")[1];
+    let raise = |owner: &str, to: i64| {
+        let _: i64 = redis::Script::new(include_str!(
+            "../../lock-runtime/scripts/raise_permit_fence.lua"
+        ))
+        .key(&hash)
+        .key(tests::scripts::COUNTER)
+        .arg(owner)
+        .arg(to)
+        .arg(tests::scripts::COUNTER_TTL_MS)
+        .invoke(&mut server.conn())
+        .unwrap();
+    };
+    let token_of = |owner: &str| -> i64 {
+        let v: String = server.cmd(&["HGET", &hash, owner]);
+        v.split(' ').nth(1).unwrap().parse().unwrap()
+    };
+    raise("c1:s2.1", token + 1000);
+    assert_eq!(token_of("c1:s2.1"), token + 1000);
+    assert_eq!(token_of("c2:s2.1"), other);
+    let counter: i64 = server.cmd(&["GET", tests::scripts::COUNTER]);
+    assert_eq!(counter, token + 1000);
+    raise("c1:s2.1", token);
+    assert_eq!(token_of("c1:s2.1"), token + 1000, "lowered");
+    let counter: i64 = server.cmd(&["GET", tests::scripts::COUNTER]);
+    assert_eq!(counter, token + 1000, "the counter was lowered");
+}
