@@ -632,3 +632,97 @@ async fn measure_costs_and_hand_off() {
         );
     }
 }
+
+/// On a Redis Cluster, a release sent while the semaphore's slot is half
+/// moved (its queue and waiters on the target, the hash still on the
+/// source) is refused whole (`TRYAGAIN`: every key is declared), waits the
+/// migration out, and then hands the permit to the waiter; nothing is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_waits_out_a_slot_half_moved() {
+    use tests::cluster::{key_slot, Cluster};
+    tests::init_tracing();
+    let cluster = Cluster::start(3, 0, 2000);
+    let holder = builder().cluster(cluster.urls()).await.unwrap();
+    let waiting = builder().cluster(cluster.urls()).await.unwrap();
+    let key = unique("sem-migrating");
+    let hash = format!("lock:{{{key}}}");
+    let slot = key_slot(&hash);
+    let held = holder.semaphore(&key, 1).await.unwrap();
+    let waiter = {
+        let (c, key) = (waiting.clone(), key.clone());
+        tokio::spawn(async move { c.semaphore(&key, 1).wait(Duration::from_secs(20)).await })
+    };
+    assert!(eventually(Duration::from_secs(10), || waiting.waiting_here(&key) == 1).await);
+    let from = cluster.slot_owner(slot);
+    let to = (from + 1) % cluster.nodes.len();
+    cluster.begin_migration(slot, from, to);
+    cluster.migrate_keys(
+        from,
+        to,
+        &[&format!("{hash}:queue"), &format!("{hash}:waiters")],
+    );
+    let tries = || cluster.try_again_errors(from) + cluster.try_again_errors(to);
+    let before = tries();
+    let releasing = tokio::spawn(async move { held.release().await });
+    assert!(
+        eventually(Duration::from_secs(5), || tries() > before).await,
+        "the release met no TRYAGAIN"
+    );
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(
+        !releasing.is_finished(),
+        "the release ended mid-migration: {:?}",
+        releasing.await
+    );
+    cluster.finish_migration(slot, from, to);
+    releasing.await.unwrap().unwrap();
+    let g = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter was not served after the migration")
+        .unwrap()
+        .unwrap();
+    g.release().await.unwrap();
+    let left: Vec<String> =
+        cluster.nodes[to].cmd(&["CLUSTER", "GETKEYSINSLOT", &slot.to_string(), "100"]);
+    assert!(
+        left.iter().all(|k| !k.contains(&key)),
+        "left behind: {left:?}"
+    );
+}
+
+/// `raise_permit_fence.lua` (Redlock: every granted node learns the token
+/// the acquisition chose) raises the permit's token and the slot's
+/// counter, never lowers either, and leaves another owner's permit alone.
+#[tokio::test]
+async fn raising_a_permits_token_only_raises() {
+    let server = RedisServer::start();
+    let key = unique("sem-raise");
+    let hash = format!("lock:{{{key}}}");
+    let token = permit(&server, &key, "c1:s2.1", 30_000, "")[1];
+    let other = permit(&server, &key, "c2:s2.1", 30_000, "")[1];
+    let raise = |owner: &str, to: i64| {
+        let _: i64 = redis::Script::new(include_str!(
+            "../../lock-runtime/scripts/raise_permit_fence.lua"
+        ))
+        .key(&hash)
+        .key(tests::scripts::COUNTER)
+        .arg(owner)
+        .arg(to)
+        .arg(tests::scripts::COUNTER_TTL_MS)
+        .invoke(&mut server.conn())
+        .unwrap();
+    };
+    let token_of = |owner: &str| -> i64 {
+        let v: String = server.cmd(&["HGET", &hash, owner]);
+        v.split(' ').nth(1).unwrap().parse().unwrap()
+    };
+    raise("c1:s2.1", token + 1000);
+    assert_eq!(token_of("c1:s2.1"), token + 1000);
+    assert_eq!(token_of("c2:s2.1"), other);
+    let counter: i64 = server.cmd(&["GET", tests::scripts::COUNTER]);
+    assert_eq!(counter, token + 1000);
+    raise("c1:s2.1", token);
+    assert_eq!(token_of("c1:s2.1"), token + 1000, "lowered");
+    let counter: i64 = server.cmd(&["GET", tests::scripts::COUNTER]);
+    assert_eq!(counter, token + 1000, "the counter was lowered");
+}
