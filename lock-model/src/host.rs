@@ -318,10 +318,21 @@ fn from_lua(v: &Value) -> Reply {
         Value::Boolean(true) => Reply::Int(1),
         Value::Boolean(false) => Reply::Nil,
         Value::Integer(i) => Reply::Int(*i),
-        Value::Number(n) => Reply::Int(*n as i64),
+        Value::Number(n) => Reply::Int(c_cast(*n)),
         Value::String(s) => Reply::Bulk(s.to_string_lossy()),
         Value::Table(t) => table_reply(t),
         other => panic!("a script returned {other:?}, which Redis cannot send"),
+    }
+}
+
+/// A Lua number as Redis truncates it into an integer reply: C's cast,
+/// which on x86-64 gives `i64::MIN` for anything out of range (Rust's `as`
+/// saturates instead).
+fn c_cast(n: f64) -> i64 {
+    if n.is_nan() || n >= 9_223_372_036_854_775_808.0 || n < -9_223_372_036_854_775_808.0 {
+        i64::MIN
+    } else {
+        n as i64
     }
 }
 
