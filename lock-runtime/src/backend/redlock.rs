@@ -108,6 +108,21 @@ fn verdict(n: usize, quorum: usize, confirmed: usize, denied: usize) -> Verdict 
     }
 }
 
+/// How many of `nodes` must admit a permit of a semaphore of `permits`:
+/// `⌊permits·nodes/(permits+1)⌋ + 1`, a majority for a lock (`permits` 1).
+///
+/// Each node admits at most `permits` holders of a key, so `permits + 1`
+/// holders could hold `q` nodes each only if `(permits+1)·q ≤ permits·nodes`;
+/// this `q` is the least that rules it out. A plain majority does not:
+/// with three nodes and two permits, holders on {1,2}, {2,3} and {1,3}
+/// leave each node with two, and three hold. From `permits ≥ nodes − 1` on
+/// every node must admit (no node may be down for an acquire). Any two
+/// such quorums share a node, so tokens still rise as for locks.
+pub(crate) fn quorum(permits: u32, nodes: usize) -> usize {
+    let (p, m) = (u64::from(permits.max(1)), nodes as u64);
+    (p * m / (p + 1)) as usize + 1
+}
+
 /// Microseconds since the Unix epoch on this machine: the lowest token a
 /// Redlock acquire hands out, so tokens stay above earlier ones even where a
 /// majority of nodes lost their counters.
@@ -138,7 +153,7 @@ impl RedlockBackend {
         }
         let subscriber = AnySubscriber::new(&urls, settings.clone(), io, settings.op_timeout)?;
         let shared = Shared {
-            quorum: urls.len() / 2 + 1,
+            quorum: quorum(1, urls.len()),
             op_timeout: settings.op_timeout,
             jitter,
             slots: urls
@@ -710,6 +725,47 @@ mod tests {
         // No majority for anyone: not held.
         let seen = majority(&[view(&["a"], 900, None), view(&[], 0, None)], 2);
         assert!(seen.holders.is_empty() && seen.ttl.is_none() && seen.fence.is_none());
+    }
+
+    /// Whether `holders` holders can each be admitted by `q` of `nodes`
+    /// nodes, every node admitting at most `permits`: greedily, each
+    /// holder taking the `q` least loaded nodes (which is optimal).
+    fn fits(holders: usize, q: usize, nodes: usize, permits: usize) -> bool {
+        let mut load = vec![0; nodes];
+        for _ in 0..holders {
+            let mut order: Vec<usize> = (0..nodes).collect();
+            order.sort_by_key(|&i| load[i]);
+            for &i in &order[..q] {
+                load[i] += 1;
+                if load[i] > permits {
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    #[test]
+    fn a_permits_quorum_keeps_holders_to_the_permits_and_is_the_least_that_does() {
+        assert_eq!(quorum(1, 3), 2);
+        assert_eq!(quorum(1, 5), 3);
+        // A majority of three admits a third holder of two permits.
+        assert_eq!(quorum(2, 3), 3);
+        assert!(fits(3, 2, 3, 2));
+        assert_eq!(quorum(2, 5), 4);
+        assert_eq!(quorum(4, 5), 5);
+        for nodes in 1..=7 {
+            for permits in 1..=8u32 {
+                let q = quorum(permits, nodes);
+                let p = permits as usize;
+                assert!(q <= nodes && q > nodes / 2, "{permits} of {nodes}: {q}");
+                assert!(fits(p, q, nodes, p), "{permits} of {nodes}: {q}");
+                assert!(!fits(p + 1, q, nodes, p), "{permits} of {nodes}: {q}");
+                if q > 1 {
+                    assert!(fits(p + 1, q - 1, nodes, p), "{permits} of {nodes}: {q}");
+                }
+            }
+        }
     }
 
     #[test]
