@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 
 use crate::hold::Hold;
-use crate::key::is_reader;
+use crate::key::Mode;
 
 tokio::task_local! {
     static SCOPE: Arc<Scope>;
@@ -74,6 +74,16 @@ impl BodyFences {
     }
 }
 
+/// Whether a hold of mode `held` serves a request of mode `asked`.
+fn serves(held: Mode, asked: Mode) -> bool {
+    match (held, asked) {
+        (Mode::Write, _) => true,
+        (Mode::Read, Mode::Read) => true,
+        (Mode::Permit(_), Mode::Permit(_)) => true,
+        _ => false,
+    }
+}
+
 /// Process-wide so that owner ids never repeat within one client id.
 static NEXT_HOLDER: AtomicU64 = AtomicU64::new(1);
 
@@ -101,16 +111,28 @@ pub(crate) enum Reentry {
     Lost,
     /// Read-held, and the write lock was asked for.
     Upgrade,
+    /// A permit held and a lock asked for, or a read lock held and a
+    /// permit asked for: one key is a lock or a semaphore, not both.
+    Mixed,
     /// Not held here.
     No,
 }
 
 impl Scope {
-    /// A request for `hash` (a read lock if `read`) in this scope.
-    pub(crate) fn reenter(&self, client: &Arc<str>, hash: &Arc<str>, read: bool) -> Reentry {
+    /// A request for `hash` of `mode` in this scope. A write hold serves
+    /// every mode; a read hold serves reads, and a permit permits: a
+    /// request that asks for more than the scope holds would wait for the
+    /// scope itself, and is refused at once.
+    pub(crate) fn reenter(&self, client: &Arc<str>, hash: &Arc<str>, mode: Mode) -> Reentry {
         let mut held = self.held.lock().unwrap();
         match held.get_mut(&(client.clone(), hash.clone())) {
-            Some((hold, _)) if !read && is_reader(&hold.owner) => Reentry::Upgrade,
+            Some((hold, _)) if !serves(Mode::of(&hold.owner), mode) => {
+                if Mode::of(&hold.owner) == Mode::Read && mode == Mode::Write {
+                    Reentry::Upgrade
+                } else {
+                    Reentry::Mixed
+                }
+            }
             Some((hold, _)) if hold.is_lost() => Reentry::Lost,
             Some((hold, guards)) => {
                 *guards += 1;

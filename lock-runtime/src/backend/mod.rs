@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::key::LockName;
+use crate::key::{LockName, Mode};
 use crate::wakeups::Waiter;
 use fault::Fault;
 
@@ -155,6 +155,9 @@ impl Backend {
         lease: Duration,
         queue: Queue,
     ) -> Result<Acquired, Fault> {
+        if let Mode::Permit(_) = Mode::of(owner) {
+            self.has_semaphores()?;
+        }
         each!(self, b => b.acquire(name, owner, lease, queue).await,
             fake _f => Err(Fault::other("not used")))
     }
@@ -189,7 +192,7 @@ impl Backend {
         contended: bool,
         until: Option<Instant>,
     ) -> Result<Released, Fault> {
-        if contended || crate::key::is_reader(owner) {
+        if contended || Mode::of(owner) != Mode::Write {
             return self.release(name, owner, until).await;
         }
         match self {
@@ -341,6 +344,23 @@ impl Backend {
     pub(crate) async fn scan(&self, pattern: &str) -> Result<Vec<String>, Fault> {
         each!(self, b => b.scan(pattern).await,
             fake _f => Err(Fault::other("not used")))
+    }
+
+    /// Whether this deployment keeps semaphores (`docs/SEMAPHORES.md`).
+    /// The seam for the backends that do not yet: a permit's acquire is
+    /// refused here with a typed error, before it reaches them, so every
+    /// other verb only ever sees permits of a deployment that keeps them.
+    pub(crate) fn has_semaphores(&self) -> Result<(), Fault> {
+        let (Backend::Memory(_) | Backend::Redlock(_)) = self else {
+            return Ok(());
+        };
+        Err(Fault::Config(format!(
+            "semaphores are not available on the {} deployment yet",
+            match self {
+                Backend::Memory(_) => "in-memory",
+                _ => "Redlock",
+            }
+        )))
     }
 
     /// How much of a lease the holder must not count on: clocks of several

@@ -29,11 +29,12 @@ use super::fault::Fault;
 use super::runtimes::{Local, Runtimes};
 use super::{Acquired, Queue, Queued, Released, Renewal, Renewed};
 use crate::io::{self, Route};
-use crate::key::{is_reader, LockName};
+use crate::key::{is_reader, LockName, Mode};
 use crate::scripts::{self, Arg, Script};
 
 mod lazy;
 mod operations;
+mod permits;
 
 /// Renewals per EVALSHA: keeps one script call short enough not to stall
 /// Redis while still sending a whole tick in one pipelined round trip.
@@ -744,6 +745,9 @@ impl RedisNode {
         floor: Option<u64>,
         queue: Queue,
     ) -> Result<Acquired, Fault> {
+        if let Mode::Permit(_) = Mode::of(owner) {
+            return self.acquire_permit(name, owner, lease, floor, queue).await;
+        }
         let lease_ms = millis(lease);
         if !queue.fence && !is_reader(owner) && floor.is_none() && !queue.rejoin {
             let mut set = Cmd::with_capacity(7, name.hash.len() + owner.len() + 40);
