@@ -351,16 +351,12 @@ impl Backend {
     /// refused here with a typed error, before it reaches them, so every
     /// other verb only ever sees permits of a deployment that keeps them.
     pub(crate) fn has_semaphores(&self) -> Result<(), Fault> {
-        let (Backend::Memory(_) | Backend::Redlock(_)) = self else {
+        let Backend::Memory(_) = self else {
             return Ok(());
         };
-        Err(Fault::Config(format!(
-            "semaphores are not available on the {} deployment yet",
-            match self {
-                Backend::Memory(_) => "in-memory",
-                _ => "Redlock",
-            }
-        )))
+        Err(Fault::Config(
+            "semaphores are not available on the in-memory deployment yet".into(),
+        ))
     }
 
     /// How much of a lease the holder must not count on: clocks of several
