@@ -76,12 +76,10 @@ impl BodyFences {
 
 /// Whether a hold of mode `held` serves a request of mode `asked`.
 fn serves(held: Mode, asked: Mode) -> bool {
-    match (held, asked) {
-        (Mode::Write, _) => true,
-        (Mode::Read, Mode::Read) => true,
-        (Mode::Permit(_), Mode::Permit(_)) => true,
-        _ => false,
-    }
+    matches!(
+        (held, asked),
+        (Mode::Write, _) | (Mode::Read, Mode::Read) | (Mode::Permit(_), Mode::Permit(_))
+    )
 }
 
 /// Process-wide so that owner ids never repeat within one client id.

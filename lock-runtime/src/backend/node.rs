@@ -867,6 +867,9 @@ impl RedisNode {
         wake: Wake,
         forced: bool,
     ) -> Result<(i64, bool), Fault> {
+        if let Mode::Permit(_) = Mode::of(owner) {
+            return self.run_release_permit(name, owner, wake, forced).await;
+        }
         let flags = self.release_flags(wake, forced);
         let ttl = millis(self.settings.fence_ttl);
         let keys = self.script_keys(name);
@@ -983,6 +986,9 @@ impl RedisNode {
         owner: &str,
         left: Duration,
     ) -> Result<Released, Fault> {
+        if let Mode::Permit(_) = Mode::of(owner) {
+            return self.keep_permit(name, owner, left).await;
+        }
         // Counted from here: a send that lands later (after a slot move)
         // leaves the lock for what is left of it.
         let until = tokio::time::Instant::now() + left;
@@ -1007,6 +1013,9 @@ impl RedisNode {
     /// Whether `owner` still waits in the lock's queue, or was handed the
     /// lock already.
     pub(crate) async fn still_queued(&self, name: &LockName, owner: &str) -> Result<bool, Fault> {
+        if let Mode::Permit(_) = Mode::of(owner) {
+            return self.still_queued_permit(name, owner).await;
+        }
         // Queued, or already handed the lock (its grant message is on the
         // way: this client listened when it was published).
         let mut pipe = Pipeline::new();
@@ -1097,6 +1106,9 @@ impl RedisNode {
             let keys = [&*r.name.hash, &r.name.readers()];
             self.eval::<Vec<u8>>(&scripts::RENEW_READ, &keys, &args)
                 .await
+        } else if let Mode::Permit(_) = Mode::of(&r.owner) {
+            self.eval::<Vec<u8>>(&scripts::RENEW_PERMITS, &[&r.name.hash], &args)
+                .await
         } else {
             self.eval::<Vec<u8>>(&scripts::RENEW, &[&r.name.hash], &args)
                 .await
@@ -1119,12 +1131,17 @@ impl RedisNode {
         // travel once per call instead of once per lock. Each owner id is
         // split once: with 100k locks a tick, that is most of the work here.
         // Read holds (owner ids `<client id>:r<n>`) go to their own script,
-        // which also needs each lock's readers.
-        let parts: Vec<(Duration, &str, bool, &str)> = batch
+        // which also needs each lock's readers; permits (`<client id>:s…`)
+        // to theirs. The kind is the rest's first byte.
+        let parts: Vec<(Duration, &str, u8, &str)> = batch
             .iter()
             .map(|r| {
                 let (front, rest) = owner_parts(&r.owner);
-                (r.lease, front, rest.starts_with('r'), rest)
+                let kind = match rest.as_bytes().first() {
+                    Some(&k @ (b'r' | b's')) => k,
+                    _ => b'w',
+                };
+                (r.lease, front, kind, rest)
             })
             .collect();
         let group = |i: usize| (parts[i].0, parts[i].1, parts[i].2);
@@ -1145,7 +1162,10 @@ impl RedisNode {
                 args.push(Arg::Num(lease));
                 args.push(Arg::Str(front));
                 args.extend(chunk.iter().map(|&i| Arg::Str(parts[i].3)));
-                if read {
+                if read == b's' {
+                    let keys: Vec<&str> = chunk.iter().map(|&i| &*batch[i].name.hash).collect();
+                    pipe.add_command(scripts::RENEW_PERMITS.evalsha(&keys, &args));
+                } else if read == b'r' {
                     let readers: Vec<String> =
                         chunk.iter().map(|&i| batch[i].name.readers()).collect();
                     let keys: Vec<&str> = chunk

@@ -1,0 +1,335 @@
+//! Semaphores (`docs/SEMAPHORES.md`) against real Redis: the shared checks
+//! of `tests::semaphores` on one Redis, Sentinel with `replica_acks` and a
+//! Redis Cluster; on one Redis also the hand-off's cost, a dead holder, a
+//! dead waiter, lost replies and a long queue.
+
+use std::time::{Duration, Instant};
+
+use lock_runtime::{LockClient, LockError};
+use tests::proxy::Proxy;
+use tests::reply_loss::script_sha;
+use tests::semaphores::{self, Deployment};
+use tests::sentinel::{start_replica, wait_replicas_online, Sentinels, Timing};
+use tests::{eventually, unique, RedisServer};
+
+const PERMIT: &str = include_str!("../../lock-runtime/scripts/permit.lua");
+const RELEASE_PERMIT: &str = include_str!("../../lock-runtime/scripts/release_permit.lua");
+
+fn builder() -> lock_runtime::LockClientBuilder {
+    LockClient::builder()
+        .op_timeout(Duration::from_millis(1500))
+        .connect_timeout(Duration::from_millis(1500))
+}
+
+async fn clients_of(server: &RedisServer, n: usize) -> Vec<LockClient> {
+    let mut v = Vec::new();
+    for _ in 0..n {
+        v.push(builder().connect(&server.url()).await.unwrap());
+    }
+    v
+}
+
+fn on_one_redis(server: &RedisServer, clients: Vec<LockClient>) -> Deployment {
+    let url = server.url();
+    Deployment {
+        name: "one Redis",
+        clients,
+        left: Box::new(move |key| {
+            let mut conn = redis::Client::open(url.as_str())
+                .unwrap()
+                .get_connection()
+                .unwrap();
+            redis::cmd("KEYS")
+                .arg(format!("lock:{{{key}}}*"))
+                .query(&mut conn)
+                .unwrap()
+        }),
+    }
+}
+
+/// Script calls (EVALSHA and EVAL) Redis answered since the last reset.
+fn script_calls(server: &RedisServer) -> u64 {
+    server.calls("evalsha") + server.calls("eval")
+}
+
+/// `permit.lua` run by hand for `owner` with the default prefix.
+fn permit(server: &RedisServer, key: &str, owner: &str, lease_ms: u64, stay: &str) -> Vec<i64> {
+    redis::Script::new(PERMIT)
+        .key(format!("lock:{{{key}}}"))
+        .key(tests::scripts::COUNTER)
+        .arg(owner)
+        .arg(lease_ms)
+        .arg(stay)
+        .arg("f")
+        .arg(tests::scripts::COUNTER_TTL_MS)
+        .invoke(&mut server.conn())
+        .expect("permit.lua")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_check_on_one_redis() {
+    tests::init_tracing();
+    let server = RedisServer::start();
+    let d = on_one_redis(&server, clients_of(&server, 3).await);
+    semaphores::all(&d).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_check_on_a_cluster() {
+    tests::init_tracing();
+    let cluster = tests::cluster::Cluster::start(3, 0, 2000);
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        clients.push(builder().cluster(cluster.urls()).await.unwrap());
+    }
+    let urls = cluster.urls();
+    let d = Deployment {
+        name: "Redis Cluster",
+        clients,
+        left: Box::new(move |key| {
+            let mut left = Vec::new();
+            for url in &urls {
+                let mut conn = redis::Client::open(url.as_str())
+                    .unwrap()
+                    .get_connection()
+                    .unwrap();
+                let found: Vec<String> = redis::cmd("KEYS")
+                    .arg(format!("lock:{{{key}}}*"))
+                    .query(&mut conn)
+                    .unwrap();
+                left.extend(found);
+            }
+            left
+        }),
+    };
+    semaphores::all(&d).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_check_on_sentinel_with_replica_acks() {
+    tests::init_tracing();
+    let primary = RedisServer::start();
+    let replica = start_replica(primary.port());
+    wait_replicas_online(&primary, 1, Duration::from_secs(10));
+    let sentinels = Sentinels::start(3, "sem", &primary, Timing::default());
+    sentinels.wait_ready(1, Duration::from_secs(20));
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        clients.push(
+            builder()
+                .replica_acks(1, Duration::from_millis(1000))
+                .sentinel(sentinels.urls(), "sem")
+                .await
+                .unwrap(),
+        );
+    }
+    primary.reset_stats();
+    let d = on_one_redis(&primary, clients);
+    semaphores::all(&d).await;
+    // Every permit and renewal went through the replicas' acknowledgement.
+    assert!(primary.calls("wait") > 0, "no WAIT was sent");
+    drop(replica);
+}
+
+/// A returned permit reaches the first waiter through the release itself:
+/// the waiter sends nothing more (1 script call: the release), and the
+/// permit lands within a round trip or two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_returned_permit_is_handed_to_the_first_waiter_at_once() {
+    tests::init_tracing();
+    let server = RedisServer::start();
+    let mut clients = Vec::new();
+    for _ in 0..2 {
+        // Any retry of its own would wait a minute.
+        clients.push(
+            builder()
+                .retry_delay(Duration::from_secs(60))
+                .connect(&server.url())
+                .await
+                .unwrap(),
+        );
+    }
+    let d = on_one_redis(&server, clients.clone());
+    let key = unique("sem-handoff");
+    let a = clients[0].semaphore(&key, 2).await.unwrap();
+    let b = clients[0].semaphore(&key, 2).await.unwrap();
+    let waiter = {
+        let (c, key) = (clients[1].clone(), key.clone());
+        tokio::spawn(async move { c.semaphore(&key, 2).wait(Duration::from_secs(30)).await })
+    };
+    d.until_waiters(&key, 1).await;
+    server.reset_stats();
+    let released = Instant::now();
+    a.release().await.unwrap();
+    let g = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter was not handed the permit")
+        .unwrap()
+        .unwrap();
+    let took = released.elapsed();
+    println!("a returned permit reached the waiter {took:?} after the release");
+    assert_eq!(script_calls(&server), 1, "the waiter asked again");
+    assert!(g.fence() > b.fence(), "the handed-over permit has a new token");
+    let info = clients[0].inspect(&key).await.unwrap().unwrap();
+    assert_eq!(info.holders.len(), 2);
+    b.release().await.unwrap();
+    g.release().await.unwrap();
+    d.assert_nothing_left(&key).await;
+}
+
+/// A holder that died (its permit never renewed, never released) frees its
+/// permit one lease later; a waiter queued behind it gets it then, by its
+/// own next attempt, and the dead entry is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_holders_permit_frees_one_lease_later() {
+    tests::init_tracing();
+    let server = RedisServer::start();
+    let d = on_one_redis(&server, clients_of(&server, 2).await);
+    let key = unique("sem-dead");
+    let lease = 600;
+    assert_eq!(permit(&server, &key, "dead:s1.1", lease, "")[0], 1);
+    let started = Instant::now();
+    let g = d.clients[0]
+        .semaphore(&key, 1)
+        .wait(Duration::from_secs(10))
+        .await
+        .unwrap();
+    let waited = started.elapsed();
+    println!("a dead holder's permit (lease {lease} ms) came back after {waited:?}");
+    assert!(waited >= Duration::from_millis(lease - 50), "{waited:?}");
+    let info = d.clients[0].inspect(&key).await.unwrap().unwrap();
+    assert_eq!(info.holders, [g.holder()]);
+    g.release().await.unwrap();
+    d.assert_nothing_left(&key).await;
+}
+
+/// A queued waiter whose client is gone (nobody hears its grant) is passed
+/// over by the release, and the live waiter behind it is handed the permit
+/// by that same release; the dead waiter's entry goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_nobody_hears_is_passed_over() {
+    tests::init_tracing();
+    let server = RedisServer::start();
+    let clients = clients_of(&server, 2).await;
+    let d = on_one_redis(&server, clients.clone());
+    let key = unique("sem-dead-waiter");
+    let held = clients[0].semaphore(&key, 1).await.unwrap();
+    assert_eq!(permit(&server, &key, "gone:s1.1", 30_000, "30000")[0], 0);
+    let waiter = {
+        let (c, key) = (clients[1].clone(), key.clone());
+        tokio::spawn(async move { c.semaphore(&key, 1).wait(Duration::from_secs(30)).await })
+    };
+    // The dead waiter and the live one; the live one listens.
+    let ready = eventually(Duration::from_secs(10), || clients[1].waiting_here(&key) == 1).await;
+    assert!(ready);
+    server.reset_stats();
+    held.release().await.unwrap();
+    let g = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the live waiter was not served")
+        .unwrap()
+        .unwrap();
+    assert_eq!(script_calls(&server), 1, "the live waiter asked again");
+    let info = clients[0].inspect(&key).await.unwrap().unwrap();
+    assert_eq!((info.holders.as_slice(), info.waiters), ([g.holder().to_owned()].as_slice(), 0));
+    g.release().await.unwrap();
+    d.assert_nothing_left(&key).await;
+}
+
+/// Replies lost on the way back (the script ran): an acquire sent again is
+/// answered `Repeated` with the same token and takes no second permit; a
+/// release sent again counts as released. Never more than N holders,
+/// nothing left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_replies_never_make_a_second_permit_nor_leave_one() {
+    tests::init_tracing();
+    let server = RedisServer::start();
+    let proxy = Proxy::for_server(&server);
+    let lossy = builder().connect(&proxy.url()).await.unwrap();
+    let rival = builder().connect(&server.url()).await.unwrap();
+    let d = on_one_redis(&server, vec![lossy.clone(), rival.clone()]);
+    let key = unique("sem-lossy");
+    for round in 0..3 {
+        proxy.lose_reply_to(&script_sha(PERMIT));
+        let g = lossy.semaphore(&key, 2).await.unwrap();
+        assert!(!proxy.armed(), "round {round}: no reply was lost");
+        let info = rival.inspect(&key).await.unwrap().unwrap();
+        assert_eq!(info.holders, [g.holder()], "one permit per acquisition");
+        // One permit left for the rival, and not two.
+        let r = rival.semaphore(&key, 2).await.unwrap();
+        let third = rival.semaphore(&key, 2).wait(Duration::ZERO).await;
+        assert!(matches!(third, Err(LockError::Timeout { .. })), "{third:?}");
+        proxy.lose_reply_to(&script_sha(RELEASE_PERMIT));
+        g.release().await.unwrap();
+        assert!(!proxy.armed(), "round {round}: no release reply was lost");
+        r.release().await.unwrap();
+        d.assert_nothing_left(&key).await;
+    }
+    // A queued attempt whose reply is lost: the request still gets the
+    // permit, once, and leaves the queue.
+    let held = rival.semaphore(&key, 1).await.unwrap();
+    proxy.lose_reply_to(&script_sha(PERMIT));
+    let waiter = {
+        let (c, key) = (lossy.clone(), key.clone());
+        tokio::spawn(async move { c.semaphore(&key, 1).wait(Duration::from_secs(20)).await })
+    };
+    let fired = eventually(Duration::from_secs(10), || !proxy.armed()).await;
+    assert!(fired);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    held.release().await.unwrap();
+    let g = tokio::time::timeout(Duration::from_secs(15), waiter)
+        .await
+        .expect("the waiter was not served")
+        .unwrap()
+        .unwrap();
+    let info = rival.inspect(&key).await.unwrap().unwrap();
+    assert_eq!((info.holders.as_slice(), info.waiters), ([g.holder().to_owned()].as_slice(), 0));
+    g.release().await.unwrap();
+    d.assert_nothing_left(&key).await;
+}
+
+/// With 10,000 waiters queued on one key (their clients gone: nobody hears
+/// a grant), one release does bounded work, not O(waiters); each later
+/// release goes on where the last stopped, and a live waiter queued behind
+/// them all is served once the dead ones are passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_dead_waiters_do_not_make_a_release_o_of_waiters() {
+    tests::init_tracing();
+    let server = RedisServer::start();
+    let clients = clients_of(&server, 1).await;
+    let d = on_one_redis(&server, clients.clone());
+    let key = unique("sem-long-queue");
+    let hash = format!("lock:{{{key}}}");
+    let held = clients[0].semaphore(&key, 1).await.unwrap();
+    // 10,000 waiters, queued as permit.lua queues them.
+    let mut pipe = redis::pipe();
+    let until = 4_000_000_000_000u64;
+    for i in 0..10_000 {
+        let owner = format!("gone{i}:s1.{i}");
+        pipe.cmd("RPUSH").arg(format!("{hash}:queue")).arg(&owner).ignore();
+        pipe.cmd("HSET")
+            .arg(format!("{hash}:waiters"))
+            .arg(&owner)
+            .arg(format!("30000 {until} f"))
+            .ignore();
+    }
+    pipe.cmd("PEXPIRE").arg(format!("{hash}:queue")).arg(60_000).ignore();
+    pipe.cmd("PEXPIRE").arg(format!("{hash}:waiters")).arg(60_000).ignore();
+    let () = pipe.query(&mut server.conn()).unwrap();
+    server.reset_stats();
+    held.release().await.unwrap();
+    let inner = server.all_calls() - script_calls(&server);
+    println!("one release with 10,000 dead waiters queued: {inner} commands inside the script");
+    assert!(inner < 400, "a release ran {inner} commands");
+    let left: i64 = server.cmd(&["LLEN", &format!("{hash}:queue")]);
+    assert_eq!(left, 10_000 - 32);
+    // Later permits go on passing them.
+    let mut rounds = 0;
+    while server.cmd::<i64>(&["LLEN", &format!("{hash}:queue")]) > 0 {
+        let g = clients[0].semaphore(&key, 1).wait(Duration::from_secs(5)).await.unwrap();
+        g.release().await.unwrap();
+        rounds += 1;
+        assert!(rounds < 400);
+    }
+    d.assert_nothing_left(&key).await;
+}
