@@ -29,6 +29,13 @@ pub enum Script {
     /// The release of a hold with `min_hold` left.
     Keep,
     RaiseFence,
+    /// A permit of a semaphore (`docs/SEMAPHORES.md`).
+    Permit,
+    ReleasePermit,
+    RenewPermits,
+    KeepPermit,
+    InspectPermits,
+    RaisePermitFence,
     /// `return redis.pcall(unpack(ARGV))`: one plain command, for tests
     /// and for the commands the runtime sends outside scripts.
     Command,
@@ -40,7 +47,7 @@ pub enum Script {
     ReleaseBeforeFixes,
 }
 
-const SOURCES: [(Script, &str, &str); 7] = [
+const SOURCES: [(Script, &str, &str); 13] = [
     (
         Script::Acquire,
         "acquire.lua",
@@ -72,6 +79,36 @@ const SOURCES: [(Script, &str, &str); 7] = [
         include_str!("../../lock-runtime/scripts/raise_fence.lua"),
     ),
     (
+        Script::Permit,
+        "permit.lua",
+        include_str!("../../lock-runtime/scripts/permit.lua"),
+    ),
+    (
+        Script::ReleasePermit,
+        "release_permit.lua",
+        include_str!("../../lock-runtime/scripts/release_permit.lua"),
+    ),
+    (
+        Script::RenewPermits,
+        "renew_permits.lua",
+        include_str!("../../lock-runtime/scripts/renew_permits.lua"),
+    ),
+    (
+        Script::KeepPermit,
+        "keep_permit.lua",
+        include_str!("../../lock-runtime/scripts/keep_permit.lua"),
+    ),
+    (
+        Script::InspectPermits,
+        "inspect_permits.lua",
+        include_str!("../../lock-runtime/scripts/inspect_permits.lua"),
+    ),
+    (
+        Script::RaisePermitFence,
+        "raise_permit_fence.lua",
+        include_str!("../../lock-runtime/scripts/raise_permit_fence.lua"),
+    ),
+    (
         Script::Command,
         "command",
         "return redis.pcall(unpack(ARGV))",
@@ -80,13 +117,19 @@ const SOURCES: [(Script, &str, &str); 7] = [
 
 impl Script {
     /// Every script the host runs.
-    pub const ALL: [Script; 9] = [
+    pub const ALL: [Script; 15] = [
         Script::Acquire,
         Script::Release,
         Script::Renew,
         Script::RenewRead,
         Script::Keep,
         Script::RaiseFence,
+        Script::Permit,
+        Script::ReleasePermit,
+        Script::RenewPermits,
+        Script::KeepPermit,
+        Script::InspectPermits,
+        Script::RaisePermitFence,
         Script::Command,
         Script::AcquireBeforeFixes,
         Script::ReleaseBeforeFixes,

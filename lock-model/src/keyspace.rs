@@ -296,6 +296,19 @@ impl Keyspace {
                 }
                 Reply::Int(n)
             }
+            "TYPE" => {
+                need!(1, 1);
+                Reply::Status(
+                    match self.get(&a[0], now) {
+                        None => "none",
+                        Some(Data::Str(_)) => "string",
+                        Some(Data::Hash(_)) => "hash",
+                        Some(Data::List(_)) => "list",
+                        Some(Data::ZSet(_)) => "zset",
+                    }
+                    .into(),
+                )
+            }
             "EXISTS" => {
                 need!(1, ANY);
                 Reply::Int(a.iter().filter(|k| self.live(k, now).is_some()).count() as i64)
