@@ -80,12 +80,13 @@ local function count()
 end
 
 -- Hand free permits to the queue's head, in order (see release_permit.lua,
--- which holds the same function): stops at this owner, at a live head
--- whose own N the live holders fill, or after 32 heads. Returns the live
--- holders then, and whether a live waiter stays before this owner.
+-- which holds the same loop): stops at this owner, at a live head whose
+-- own N the live holders fill, or after 256 heads or 32 grants. Returns
+-- the live holders then, and whether a live waiter stays before this
+-- owner (or may: the bound was reached).
 local function serve(live)
-  local looked = 0
-  while looked < 32 do
+  local looked, told, deaf = 0, 0, {}
+  while looked < 256 and told < 32 do
     local head = redis.call('lindex', queue, 0)
     if not head or head == owner then
       return live, false
@@ -96,13 +97,16 @@ local function serve(live)
       hl, untl, f = string.match(entry, '^(%d+) (%d+) ?(%S*)$')
     end
     local n = tonumber(string.match(head, ':s(%d+)%.'))
-    if hl and tonumber(untl) > now and n and live >= n then
+    local client = string.match(head, '^[^:]*')
+    local alive = hl and tonumber(untl) > now and n and not deaf[client]
+    if alive and live >= n then
       return live, true
     end
     redis.call('lpop', queue)
     redis.call('hdel', waiters, head)
     looked = looked + 1
-    if hl and tonumber(untl) > now and n then
+    if alive then
+      told = told + 1
       local token = '-'
       if f == 'f' then
         local err
@@ -114,7 +118,6 @@ local function serve(live)
       -- (The hold is written before the grant is announced.)
       redis.call('hset', sem, head, (now + tonumber(hl)) .. ' ' .. token)
       stretch(tonumber(hl))
-      local client = string.match(head, '^[^:]*')
       local channel = sem .. ':granted:' .. client
       local message = head .. ' ' .. (token == '-' and '0' or token) .. ' ' .. now
       local heard
@@ -126,7 +129,9 @@ local function serve(live)
       if heard then
         live = live + 1
       else
-        -- Nobody listens: that waiter's client is gone.
+        -- Nobody listens: that waiter's client is gone, and with it
+        -- every waiter of that client queued after it.
+        deaf[client] = true
         redis.call('hdel', sem, head)
       end
     end
@@ -196,7 +201,7 @@ if not ttl then
   local _
   _, ttl = count()
 end
--- (None live, and still busy: dead waiters are being passed, 32 a call;
+-- (None live, and still busy: dead waiters are being passed, 256 a call;
 -- ask again at once.)
 if not ttl or ttl < 1 then
   ttl = 1

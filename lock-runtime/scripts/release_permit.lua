@@ -86,10 +86,11 @@ end
 -- releasing owner's own left-over entry, is dropped; a live head whose own
 -- N admits the live holders gets a permit and is told on its client's
 -- channel (nobody heard: its client is gone, and the permit goes back); a
--- live head whose N the holders fill stops it (strict FIFO). At most 32
--- heads a call: the next call goes on, so no release is O(waiters).
-local looked = 0
-while looked < 32 do
+-- live head whose N the holders fill stops it (strict FIFO). At most 256
+-- heads and 32 grants a call: the next call goes on, so no release is
+-- O(waiters).
+local looked, told, deaf = 0, 0, {}
+while looked < 256 and told < 32 do
   local head = redis.call('lindex', queue, 0)
   if not head then
     break
@@ -100,7 +101,8 @@ while looked < 32 do
     hl, untl, f = string.match(entry, '^(%d+) (%d+) ?(%S*)$')
   end
   local n = tonumber(string.match(head, ':s(%d+)%.'))
-  local alive = hl and tonumber(untl) > now and n and head ~= owner
+  local client = string.match(head, '^[^:]*')
+  local alive = hl and tonumber(untl) > now and n and head ~= owner and not deaf[client]
   if alive and live >= n then
     break
   end
@@ -108,11 +110,11 @@ while looked < 32 do
   redis.call('hdel', waiters, head)
   looked = looked + 1
   if alive then
+    told = told + 1
     local token = f == 'f' and next_token() or '-'
     -- (The hold is written before the grant is announced.)
     redis.call('hset', sem, head, (now + tonumber(hl)) .. ' ' .. token)
     stretch(tonumber(hl))
-    local client = string.match(head, '^[^:]*')
     local channel = sem .. ':granted:' .. client
     local message = head .. ' ' .. (token == '-' and '0' or token) .. ' ' .. now
     local heard
@@ -124,6 +126,9 @@ while looked < 32 do
     if heard then
       live = live + 1
     else
+      -- Its client is gone, and with it every waiter of that client
+      -- queued after it: those are passed over without a word.
+      deaf[client] = true
       redis.call('hdel', sem, head)
     end
   end

@@ -34,7 +34,11 @@ script!(RELEASE_PERMIT, RELEASE_PERMIT_SHA, "release_permit.lua");
 script!(RENEW_PERMITS, RENEW_PERMITS_SHA, "renew_permits.lua");
 script!(KEEP_PERMIT, KEEP_PERMIT_SHA, "keep_permit.lua");
 script!(INSPECT_PERMITS, INSPECT_PERMITS_SHA, "inspect_permits.lua");
-script!(RAISE_PERMIT_FENCE, RAISE_PERMIT_FENCE_SHA, "raise_permit_fence.lua");
+script!(
+    RAISE_PERMIT_FENCE,
+    RAISE_PERMIT_FENCE_SHA,
+    "raise_permit_fence.lua"
+);
 
 pub(crate) const ALL: [&Script; 13] = [
     &ACQUIRE,

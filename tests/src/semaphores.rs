@@ -8,13 +8,16 @@ use std::time::Duration;
 
 use lock_runtime::{LockClient, LockError, LockMode};
 
+/// The Redis names kept for a user key, on every node.
+pub type Left = Box<dyn Fn(&str) -> Vec<String> + Send + Sync>;
+
 /// A deployment under test.
 pub struct Deployment {
     pub name: &'static str,
     /// Clients of the deployment, each its own holder id space.
     pub clients: Vec<LockClient>,
     /// The Redis names kept for a user key (`lock:{key}*`), on every node.
-    pub left: Box<dyn Fn(&str) -> Vec<String> + Send + Sync>,
+    pub left: Left,
 }
 
 impl Deployment {
@@ -93,10 +96,7 @@ pub async fn at_most_n_at_once(d: &Deployment) {
         tasks.push(tokio::spawn(async move {
             let mut last = 0;
             for _ in 0..ROUNDS {
-                let g = c
-                    .semaphore(&key, N)
-                    .wait(Duration::from_secs(60))
-                    .await?;
+                let g = c.semaphore(&key, N).wait(Duration::from_secs(60)).await?;
                 let n = inside.enter();
                 assert!(n <= N as usize, "{n} bodies inside a semaphore of {N}");
                 assert!(g.fence() > last, "a task's tokens must rise");
@@ -110,11 +110,17 @@ pub async fn at_most_n_at_once(d: &Deployment) {
         }));
     }
     for t in tasks {
-        t.await.unwrap().unwrap_or_else(|e| panic!("{}: {e}", d.name));
+        t.await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("{}: {e}", d.name));
     }
     let most = inside.most.load(Ordering::SeqCst);
     println!("{}: at most {most} of {N} permits held at once", d.name);
-    assert_eq!(most, N as usize, "{}: the permits were never all in use", d.name);
+    assert_eq!(
+        most, N as usize,
+        "{}: the permits were never all in use",
+        d.name
+    );
     let mut all = tokens.lock().unwrap().clone();
     let n = all.len();
     all.sort_unstable();
@@ -181,7 +187,12 @@ pub async fn waiters_are_served_in_order(d: &Deployment) {
             .unwrap();
         g.release().await.unwrap();
     }
-    assert_eq!(*order.lock().unwrap(), [0, 1, 2, 3], "{}: not first come first served", d.name);
+    assert_eq!(
+        *order.lock().unwrap(),
+        [0, 1, 2, 3],
+        "{}: not first come first served",
+        d.name
+    );
     d.assert_nothing_left(&key).await;
 }
 
@@ -203,7 +214,10 @@ pub async fn a_cancelled_waiter_leaves_nothing(d: &Deployment) {
         .semaphore(&key, 1)
         .wait(Duration::from_millis(200))
         .await;
-    assert!(matches!(timed_out, Err(LockError::Timeout { .. })), "{timed_out:?}");
+    assert!(
+        matches!(timed_out, Err(LockError::Timeout { .. })),
+        "{timed_out:?}"
+    );
     held.release().await.unwrap();
     d.assert_nothing_left(&key).await;
 }
@@ -222,7 +236,10 @@ pub async fn disagreeing_services_keep_their_own_limits(d: &Deployment) {
             for _ in 0..6 {
                 let g = c.semaphore(&key, n).wait(Duration::from_secs(60)).await?;
                 let now = inside.enter();
-                assert!(now <= 3, "{now} inside, where no request admits more than 3");
+                assert!(
+                    now <= 3,
+                    "{now} inside, where no request admits more than 3"
+                );
                 tokio::time::sleep(Duration::from_millis(2)).await;
                 inside.leave();
                 g.release().await?;
@@ -231,7 +248,9 @@ pub async fn disagreeing_services_keep_their_own_limits(d: &Deployment) {
         }));
     }
     for t in tasks {
-        t.await.unwrap().unwrap_or_else(|e| panic!("{}: {e}", d.name));
+        t.await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("{}: {e}", d.name));
     }
     assert!(inside.most.load(Ordering::SeqCst) <= 3);
     // Two held: a request of 2 is busy, one of 3 gets in, and then no one.
@@ -240,12 +259,25 @@ pub async fn disagreeing_services_keep_their_own_limits(d: &Deployment) {
         d.client(1).semaphore(&key, 2).await.unwrap(),
     ];
     let two = d.client(2).semaphore(&key, 2).wait(Duration::ZERO).await;
-    assert!(matches!(two, Err(LockError::Timeout { .. })), "{}: {two:?}", d.name);
-    let three = d.client(2).semaphore(&key, 3).wait(Duration::ZERO).await.unwrap();
+    assert!(
+        matches!(two, Err(LockError::Timeout { .. })),
+        "{}: {two:?}",
+        d.name
+    );
+    let three = d
+        .client(2)
+        .semaphore(&key, 3)
+        .wait(Duration::ZERO)
+        .await
+        .unwrap();
     for n in [3, 4] {
         let r = d.client(0).semaphore(&key, n).wait(Duration::ZERO).await;
         if n == 3 {
-            assert!(matches!(r, Err(LockError::Timeout { .. })), "{}: {r:?}", d.name);
+            assert!(
+                matches!(r, Err(LockError::Timeout { .. })),
+                "{}: {r:?}",
+                d.name
+            );
         } else {
             // A request of 4 is admitted beside 3 (its own limit).
             r.unwrap().release().await.unwrap();
@@ -285,7 +317,11 @@ pub async fn reentry_with_all_permits_in_use(d: &Deployment) {
         .run(body)
         .await
         .unwrap_or_else(|e| panic!("{}: {e}", d.name));
-    assert!(inner > 0 && current == Some(inner), "{}: {inner} {current:?}", d.name);
+    assert!(
+        inner > 0 && current == Some(inner),
+        "{}: {inner} {current:?}",
+        d.name
+    );
     // Still exactly two holders after the re-entry ended: the outer body
     // released its permit, `other` keeps its own.
     let info = c.inspect(&key).await.unwrap().unwrap();
@@ -356,16 +392,37 @@ pub async fn locks_and_semaphores_exclude_each_other(d: &Deployment) {
     let key = crate::unique("sem-mixed");
     let s = d.client(0).semaphore(&key, 3).await.unwrap();
     for r in [
-        d.client(1).lock(&key).wait(Duration::from_millis(100)).await,
-        d.client(1).read_lock(&key).wait(Duration::from_millis(100)).await,
+        d.client(1)
+            .lock(&key)
+            .wait(Duration::from_millis(100))
+            .await,
+        d.client(1)
+            .read_lock(&key)
+            .wait(Duration::from_millis(100))
+            .await,
     ] {
-        assert!(matches!(r, Err(LockError::Timeout { .. })), "{}: {r:?}", d.name);
+        assert!(
+            matches!(r, Err(LockError::Timeout { .. })),
+            "{}: {r:?}",
+            d.name
+        );
     }
     s.release().await.unwrap();
     let l = d.client(0).lock(&key).await.unwrap();
-    let r = d.client(1).semaphore(&key, 3).wait(Duration::from_millis(100)).await;
-    assert!(matches!(r, Err(LockError::Timeout { .. })), "{}: {r:?}", d.name);
-    assert_eq!(d.client(1).inspect(&key).await.unwrap().unwrap().mode, LockMode::Write);
+    let r = d
+        .client(1)
+        .semaphore(&key, 3)
+        .wait(Duration::from_millis(100))
+        .await;
+    assert!(
+        matches!(r, Err(LockError::Timeout { .. })),
+        "{}: {r:?}",
+        d.name
+    );
+    assert_eq!(
+        d.client(1).inspect(&key).await.unwrap().unwrap().mode,
+        LockMode::Write
+    );
     l.release().await.unwrap();
     // A lock waiting on a semaphore's key gets it once the permits go.
     let s = d.client(0).semaphore(&key, 3).await.unwrap();
@@ -395,7 +452,11 @@ pub async fn min_hold_keeps_the_permit_counted(d: &Deployment) {
         .unwrap();
     g.release().await.unwrap();
     let r = d.client(1).semaphore(&key, 1).wait(Duration::ZERO).await;
-    assert!(matches!(r, Err(LockError::Timeout { .. })), "{}: {r:?}", d.name);
+    assert!(
+        matches!(r, Err(LockError::Timeout { .. })),
+        "{}: {r:?}",
+        d.name
+    );
     let g = d
         .client(1)
         .semaphore(&key, 1)
