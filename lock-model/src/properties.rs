@@ -37,6 +37,8 @@ pub const QUEUE_SERVED: &str =
     "a release that frees a lock others queued behind leaves no listening waiter queued";
 pub const PERMITS_BOUNDED: &str =
     "at most N permit holders, by each request's own N, and none beside a lock holder";
+pub const PERMITS_SERVED: &str =
+    "a permit script leaves no listening waiter first in the queue that its own N admits";
 pub const PERMITS_FULL: &str = "as many permit holders as a request admits (sometimes)";
 pub const HANDED_OVER: &str = "a release hands the lock to a waiter (sometimes)";
 pub const FAILOVER_KEPT: &str = "a failover keeps a holder's lock (sometimes)";
@@ -59,6 +61,7 @@ pub fn all() -> Vec<Property<World>> {
     vec![
         Property::always(MUTUAL_EXCLUSION, |_, s: &State| mutual_exclusion(s)),
         Property::always(PERMITS_BOUNDED, |_, s: &State| permits_bounded(s).is_none()),
+        Property::always(PERMITS_SERVED, |_, s: &State| !violated(s, "unserved")),
         Property::always(FENCES_RISE, |_, s: &State| !violated(s, "fence")),
         Property::always(TTLS, |_, s: &State| {
             s.ks.keys.values().all(|e| e.expires.is_some())
@@ -188,7 +191,7 @@ pub fn on_permit_script(s: &mut State, key: u8) {
         violation(
             s,
             format!(
-                "stalled: {live} permits of key {key} held, and {o} (of {}) left queued, though it listens",
+                "unserved: {live} permits of key {key} held, and {o} (of {}) left queued first, though it listens",
                 owner.permits
             ),
         );
