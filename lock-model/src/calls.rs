@@ -123,21 +123,29 @@ pub fn permit(k: u8, owner: &str, lease: u64, stay: Option<u64>, fence_ttl: u64)
 }
 
 /// `RedisNode::run_release_permit` on one server (`Wake::IfReleased`, not
-/// forced: no flags).
-pub fn release_permit(k: u8, owner: &str, fence_ttl: u64) -> Call {
+/// forced: no flags). `before_fix`: `Defects::release_permit_before_fix`.
+pub fn release_permit(k: u8, owner: &str, fence_ttl: u64, before_fix: bool) -> Call {
     let n = names(k);
     Call {
-        script: Script::ReleasePermit,
+        script: if before_fix {
+            Script::ReleasePermitBeforeFix
+        } else {
+            Script::ReleasePermit
+        },
         keys: vec![n[0].clone(), n[1].clone()],
         args: vec![owner.to_string(), String::new(), fence_ttl.to_string()],
     }
 }
 
 /// `RedisNode::keep_permit`: a permit's release with `left` ms of
-/// `min_hold`.
-pub fn keep_permit(k: u8, owner: &str, left: u64) -> Call {
+/// `min_hold`. `before_fix`: `Defects::keep_permit_before_fix`.
+pub fn keep_permit(k: u8, owner: &str, left: u64, before_fix: bool) -> Call {
     Call {
-        script: Script::KeepPermit,
+        script: if before_fix {
+            Script::KeepPermitBeforeFix
+        } else {
+            Script::KeepPermit
+        },
         keys: vec![names(k)[0].clone()],
         args: vec![owner.to_string(), left.to_string()],
     }

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 
 use mlua::{Function, Lua, MultiValue, Table, Value};
 
-use crate::defects::{DEAD_READER_FIX, RACE_3_FIX};
+use crate::defects::{DEAD_READER_FIX, GIVE_UP_FIX, KEEP_PERMIT_FIX, RACE_3_FIX};
 use crate::keyspace::{fmt_g17, Keyspace, Reply};
 
 /// A script the host runs.
@@ -45,6 +45,12 @@ pub enum Script {
     /// Today's `release.lua` with issue 30 item 5's fix taken out
     /// (`defects::DEAD_READER_FIX`).
     ReleaseBeforeFixes,
+    /// Today's `keep_permit.lua` with its fix taken out
+    /// (`defects::KEEP_PERMIT_FIX`).
+    KeepPermitBeforeFix,
+    /// Today's `release_permit.lua` with its fix taken out
+    /// (`defects::GIVE_UP_FIX`).
+    ReleasePermitBeforeFix,
 }
 
 const SOURCES: [(Script, &str, &str); 13] = [
@@ -117,7 +123,7 @@ const SOURCES: [(Script, &str, &str); 13] = [
 
 impl Script {
     /// Every script the host runs.
-    pub const ALL: [Script; 15] = [
+    pub const ALL: [Script; 17] = [
         Script::Acquire,
         Script::Release,
         Script::Renew,
@@ -133,6 +139,8 @@ impl Script {
         Script::Command,
         Script::AcquireBeforeFixes,
         Script::ReleaseBeforeFixes,
+        Script::KeepPermitBeforeFix,
+        Script::ReleasePermitBeforeFix,
     ];
 
     /// The script's source text.
@@ -159,7 +167,28 @@ impl Script {
             }
             return Cow::Owned(src);
         }
-        Cow::Borrowed(SOURCES.iter().find(|s| s.0 == self).unwrap().2)
+        let unfix = |base: Script, fixes: &[(&str, &str)], what: &str| {
+            let mut src = base.source().into_owned();
+            for (fixed, old) in fixes {
+                assert!(
+                    src.matches(fixed).count() == 1,
+                    "{} no longer has its fix as defects::{what} states it (`{fixed}`): \
+                     restate the fix there",
+                    base.name()
+                );
+                src = src.replacen(fixed, old, 1);
+            }
+            Cow::Owned(src)
+        };
+        match self {
+            Script::KeepPermitBeforeFix => {
+                unfix(Script::KeepPermit, &KEEP_PERMIT_FIX, "KEEP_PERMIT_FIX")
+            }
+            Script::ReleasePermitBeforeFix => {
+                unfix(Script::ReleasePermit, &GIVE_UP_FIX, "GIVE_UP_FIX")
+            }
+            _ => Cow::Borrowed(SOURCES.iter().find(|s| s.0 == self).unwrap().2),
+        }
     }
 
     /// The file it comes from.
@@ -169,6 +198,12 @@ impl Script {
         }
         if self == Script::ReleaseBeforeFixes {
             return "release.lua (item 5's fix taken out)";
+        }
+        if self == Script::KeepPermitBeforeFix {
+            return "keep_permit.lua (its fix taken out)";
+        }
+        if self == Script::ReleasePermitBeforeFix {
+            return "release_permit.lua (its fix taken out)";
         }
         SOURCES.iter().find(|s| s.0 == self).unwrap().1
     }

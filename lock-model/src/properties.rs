@@ -109,9 +109,7 @@ fn mutual_exclusion(s: &State) -> bool {
 /// and no lock holder beside them. A description of the first breach.
 pub fn permits_bounded(s: &State) -> Option<String> {
     let g = &s.ghost;
-    let counted = |&&(k, c, o, _): &&(u8, u8, Owner, u64)| {
-        !g.lost_by_failover.contains(&(k, c, o))
-    };
+    let counted = |&&(k, c, o, _): &&(u8, u8, Owner, u64)| !g.lost_by_failover.contains(&(k, c, o));
     let permits: Vec<&(u8, u8, Owner, u64)> = g
         .holders
         .iter()
@@ -136,7 +134,10 @@ pub fn permits_bounded(s: &State) -> Option<String> {
                 o.permits
             ));
         }
-        if permits.iter().any(|x| x.0 == k && x.3 == f && (x.1, x.2) != (c, o)) {
+        if permits
+            .iter()
+            .any(|x| x.0 == k && x.3 == f && (x.1, x.2) != (c, o))
+        {
             return Some(format!("token {f} of key {k} held twice"));
         }
         if let Some(l) = g

@@ -235,7 +235,11 @@ impl World {
         let d = &self.defects;
         match *cmd {
             Cmd::Acquire {
-                key, owner, lease, stay, ..
+                key,
+                owner,
+                lease,
+                stay,
+                ..
             } if owner.is_permit() => {
                 let id = owner_id(c, owner);
                 let call = calls::permit(key, &id, lease, stay, self.timing.fence_ttl);
@@ -245,7 +249,12 @@ impl World {
             }
             Cmd::Release { key, owner } if owner.is_permit() => {
                 let id = owner_id(c, owner);
-                let call = calls::release_permit(key, &id, self.timing.fence_ttl);
+                let call = calls::release_permit(
+                    key,
+                    &id,
+                    self.timing.fence_ttl,
+                    d.release_permit_before_fix,
+                );
                 let reply = match self.run(s, call) {
                     Reply::Int(i) => ReplyKey::Int(i),
                     other => panic!("release_permit.lua answered {other:?}"),
@@ -254,7 +263,11 @@ impl World {
                 reply
             }
             Cmd::Keep { key, owner, left } if owner.is_permit() && !d.keep_by_renewal => {
-                match self.run(s, calls::keep_permit(key, &owner_id(c, owner), left)) {
+                let id = owner_id(c, owner);
+                match self.run(
+                    s,
+                    calls::keep_permit(key, &id, left, d.keep_permit_before_fix),
+                ) {
                     Reply::Int(i) => ReplyKey::Flag(i == 1),
                     other => panic!("keep_permit.lua answered {other:?}"),
                 }
@@ -262,7 +275,8 @@ impl World {
             Cmd::StillQueued { key, owner } if owner.is_permit() => {
                 let id = owner_id(c, owner);
                 let [waiting, held] = calls::still_queued_permit(key, &id);
-                let yes = self.run(s, waiting) == Reply::Int(1) || self.run(s, held) == Reply::Int(1);
+                let yes =
+                    self.run(s, waiting) == Reply::Int(1) || self.run(s, held) == Reply::Int(1);
                 ReplyKey::Flag(yes)
             }
             Cmd::Acquire {

@@ -561,11 +561,7 @@ fn foreign_data_and_broken_counters_as_on_redis() {
 
 /// A permit as `node/permits.rs` asks for it, fenced.
 fn permit(owner: &str, lease: &str, stay: &str) -> Step {
-    Step::Eval(
-        Script::Permit,
-        s(&LOCK),
-        s(&[owner, lease, stay, "f", TTL]),
-    )
+    Step::Eval(Script::Permit, s(&LOCK), s(&[owner, lease, stay, "f", TTL]))
 }
 
 fn rel_permit(owner: &str, flags: &str) -> Step {
@@ -607,11 +603,7 @@ fn permits_queue_hand_over_lapse_and_are_kept_as_on_redis() {
             // nothing, a repeat of the keep its work done.
             Step::Eval(Script::KeepPermit, s(&["l"]), s(&["d:s2.1", "300"])),
             Step::Eval(Script::KeepPermit, s(&["l"]), s(&["d:s2.1", "300"])),
-            Step::Eval(
-                Script::RenewPermits,
-                s(&["l"]),
-                s(&["20000", "d:", "s2.1"]),
-            ),
+            Step::Eval(Script::RenewPermits, s(&["l"]), s(&["20000", "d:", "s2.1"])),
             Step::Eval(Script::InspectPermits, s(&["l"]), vec![]),
             // Redlock: raise a permit's token, publish on release.
             Step::Eval(

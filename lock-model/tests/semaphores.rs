@@ -8,7 +8,9 @@
 use lock_model::check;
 use lock_model::defects::Defects;
 use lock_model::plan::World;
-use lock_model::properties::{HANDED_OVER, PERMITS_FULL};
+use lock_model::properties::{
+    FAILOVER_KEPT, FAILOVER_LOST, HANDED_OVER, PERMITS_FULL, PERMITS_SERVED, TTLS,
+};
 use lock_model::scenarios;
 
 const D: Defects = Defects::TODAY;
@@ -70,4 +72,65 @@ fn permits_on_sentinel_with_acks_a_lost_reply_and_a_cancel() {
         "2 permits on Sentinel with acks, a lost reply, a cancel",
         scenarios::permits_sentinel_acks(D),
     );
+}
+
+/// With the switch on: a counterexample of `property`, printed.
+fn found(name: &str, world: World, property: &'static str) -> String {
+    let r = check::run(name, world, Some(property));
+    let t = r.trace(property).to_string();
+    println!("== {}: {property}\n{t}", r.name);
+    t
+}
+
+/// `keep_permit.lua` deleted the owner's field before writing the kept
+/// one: a semaphore's only permit kept for `min_hold` emptied the hash,
+/// and the kept field went into a new one without an expiry. (Off: the
+/// `min_hold` world above, clean.)
+#[test]
+fn keeping_the_only_permit_keeps_the_semaphores_expiry() {
+    let on = Defects {
+        keep_permit_before_fix: true,
+        ..D
+    };
+    let t = found(
+        "keep_permit.lua before its fix",
+        scenarios::permits_hold_bounds(on),
+        TTLS,
+    );
+    assert!(t.contains("Keep") && t.contains("!"), "{t}");
+}
+
+/// `release_permit.lua` let a waiter that gives up leave the queue and
+/// serve nobody: the waiter of N = 2 that the one of N = 1 at the head
+/// held back stayed queued, listening, beside a free permit. (Off: the
+/// world of clients disagreeing on N above, clean.)
+#[test]
+fn a_waiter_leaving_the_head_serves_those_it_held_back() {
+    let on = Defects {
+        release_permit_before_fix: true,
+        ..D
+    };
+    let t = found(
+        "release_permit.lua before its fix",
+        scenarios::permits_disagree(on),
+        PERMITS_SERVED,
+    );
+    assert!(t.contains("unserved") && t.contains("c2:s2"), "{t}");
+}
+
+/// A failover to a replica that lacks the writes of the current instant:
+/// without `replica_acks` a permit can be lost, and its holder learns it at
+/// its next renewal; with them every permit a holder has survives.
+#[test]
+fn permits_across_a_failover_with_and_without_acks() {
+    for acks in [false, true] {
+        let name = format!("2 permits, a failover, replica_acks {acks}");
+        let r = check::run(&name, scenarios::permits_failover(D, acks), None);
+        r.assert_clean();
+        r.assert_reached(PERMITS_FULL);
+        r.assert_reached(FAILOVER_KEPT);
+        if !acks {
+            r.assert_reached(FAILOVER_LOST);
+        }
+    }
 }
