@@ -367,11 +367,11 @@ impl Shared {
                 return Ok(());
             }
             let fut = async {
-                self.slots[i]
-                    .node()
-                    .await?
-                    .raise_fence(name, owner, fence)
-                    .await
+                let node = self.slots[i].node().await?;
+                match Mode::of(owner) {
+                    Mode::Permit(_) => node.raise_permit_fence(name, owner, fence).await,
+                    Mode::Write | Mode::Read => node.raise_fence(name, owner, fence).await,
+                }
             };
             match tokio::time::timeout(timeout, fut).await {
                 Ok(r) => r.map_err(|e| format!("{}: {e}", self.slots[i].url)),
