@@ -629,3 +629,29 @@ async fn a_permit_of_two_on_three_nodes_needs_every_node() {
     let one = client.semaphore(&key, 1).await.unwrap();
     one.release().await.unwrap();
 }
+
+/// Two permits of five nodes need four: a permit outlives its lease by
+/// renewals while one node is killed (four left), and is released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_is_renewed_by_its_quorum_while_one_node_of_five_dies() {
+    let mut nodes = nodes();
+    let client = redlock(&nodes).await;
+    let key = unique("sem-renew");
+    let g = client
+        .semaphore(&key, 2)
+        .lease(Duration::from_millis(900))
+        .await
+        .unwrap();
+    nodes[4].kill();
+    tokio::time::sleep(Duration::from_millis(2700)).await;
+    for n in &nodes[..4] {
+        assert_eq!(permit_holders_on(n, &key), 1, "renewed on every live node");
+    }
+    g.release().await.expect("held to the end");
+    for n in &nodes[..4] {
+        assert!(
+            n.keys(&format!("{}*", hash(&key))).is_empty(),
+            "left behind"
+        );
+    }
+}
