@@ -869,7 +869,11 @@ fn check_permits(
         let mut counted = vec![*b];
         for a in &active {
             match excuse(a, b.start) {
-                Some(reason) => r.excused.entry(reason).or_default().0 += 1,
+                Some(reason) => {
+                    let e = r.excused.entry(reason).or_default();
+                    e.0 += 1;
+                    e.1 = e.1.max(a.end.min(b.end) - b.start);
+                }
                 None => counted.push(a),
             }
         }
