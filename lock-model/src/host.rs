@@ -407,7 +407,7 @@ fn from_lua(v: &Value) -> Reply {
 /// which on x86-64 gives `i64::MIN` for anything out of range (Rust's `as`
 /// saturates instead).
 fn c_cast(n: f64) -> i64 {
-    if n.is_nan() || n >= 9_223_372_036_854_775_808.0 || n < -9_223_372_036_854_775_808.0 {
+    if n.is_nan() || !(-9_223_372_036_854_775_808.0..9_223_372_036_854_775_808.0).contains(&n) {
         i64::MIN
     } else {
         n as i64

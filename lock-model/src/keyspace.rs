@@ -452,7 +452,7 @@ impl Keyspace {
                 need!(2, ANY);
                 let n = match self.hash_mut(&a[0], now, false) {
                     Ok(None) => return Reply::Int(0),
-                    Ok(Some(h)) => a[1..].iter().filter(|f| h.remove(*f).is_some()).count(),
+                    Ok(Some(h)) => a[1..].iter().filter(|f| h.remove(f).is_some()).count(),
                     Err(e) => return e,
                 };
                 self.drop_if_empty(&a[0]);

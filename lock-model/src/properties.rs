@@ -363,7 +363,7 @@ pub fn on_release(s: &mut State, key: u8) {
     };
     let left = queue.iter().find(|o| {
         let live = stays
-            .get(*o)
+            .get(o)
             .and_then(|e| e.split(' ').nth(1))
             .and_then(|u| u.parse::<u64>().ok())
             .is_some_and(|until| until > now);
