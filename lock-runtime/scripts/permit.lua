@@ -164,15 +164,15 @@ if held > 0 then
 end
 
 -- Admitted while fewer than this request's N hold and nobody live waits
--- before it. HLEN counts ended entries too: only when it looks full is
--- the hash counted (O(N)).
+-- before it. HLEN counts ended entries too: only when it looks full, or
+-- someone is queued, is the hash counted (O(N)).
+local queued = redis.call('llen', queue) > 0
 local live, ttl = held, nil
-if held >= permits then
+if held >= permits or queued then
   live, ttl = count()
 end
-local blocked, queued = false, false
-if live < permits and redis.call('llen', queue) > 0 then
-  queued = true
+local blocked = false
+if live < permits and queued then
   live, blocked = serve(live)
 end
 if live < permits and not blocked then

@@ -10,36 +10,21 @@
 --         waiters, which do not queue); 'f' a forced release (nothing
 --         differs for a permit)
 -- ARGV[3] how long the counter outlives its last use, in ms
--- Returns 1 released, 0 absent (its lease had ended, it never held, or an
--- earlier send of this release ran), -1 the key is not a semaphore (a
--- lock's string).
+-- Returns 1 released, 0 absent (its lease ended and another call counted
+-- it out, it never held, or an earlier send of this release ran), -1 the
+-- key is not a semaphore (a lock's string).
 local sem, owner, flags = KEYS[1], ARGV[1], ARGV[2]
 local queue = KEYS[3] or sem .. ':queue'
 local waiters = KEYS[4] or sem .. ':waiters'
 
-local cur = redis.pcall('hget', sem, owner)
-if type(cur) == 'table' then
+local gone = redis.pcall('hdel', sem, owner)
+if type(gone) ~= 'number' then
   if redis.call('hdel', waiters, owner) == 1 then
     redis.call('lrem', queue, 1, owner)
   end
   return -1
 end
-local t, now
-local function clock()
-  if not t then
-    t = redis.call('time')
-    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  end
-  return now
-end
-local done = 0
-if cur then
-  redis.call('hdel', sem, owner)
-  local ends = tonumber(string.match(cur, '^(%d+)'))
-  if ends and ends > clock() then
-    done = 1
-  end
-elseif redis.call('hdel', waiters, owner) == 1 then
+if gone == 0 and redis.call('hdel', waiters, owner) == 1 then
   -- A waiter giving up frees nothing; but at the head it may have held
   -- back waiters behind it that a smaller N of its own kept out (strict
   -- FIFO): they are served below.
@@ -49,6 +34,9 @@ elseif redis.call('hdel', waiters, owner) == 1 then
     return 0
   end
 end
+-- (An entry whose lease ended but that is still there was never counted
+-- out: nobody took its place, and its release is a release.)
+local done = gone
 
 -- The fast path: nobody waits.
 if redis.call('llen', queue) == 0 then
@@ -58,7 +46,8 @@ if redis.call('llen', queue) == 0 then
   return done
 end
 
-clock()
+local t = redis.call('time')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- The next token of the slot (see acquire.lua): a waiter handed a permit.
 local function next_token()
   local token = tonumber(t[1]) * 1000000 + tonumber(t[2])

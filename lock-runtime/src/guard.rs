@@ -47,7 +47,7 @@ impl LockGuard {
     /// The first guard of a fresh acquisition; it joins `scope` so that
     /// nested calls there re-enter it.
     pub(crate) fn fresh(hold: Hold, scope: Option<Arc<Scope>>) -> Self {
-        metrics::holding(hold.label, 1.0);
+        metrics::holding(hold.label, hold.mode(), 1.0);
         let hold = Arc::new(hold);
         if let Some(s) = &scope {
             s.insert(&hold.client.inner.id, &hold);
@@ -237,7 +237,7 @@ impl LockGuard {
             Ok(Released::NotOwner) => {
                 if !was_lost {
                     // Found out only now: lost before the release.
-                    metrics::lost(hold.label);
+                    metrics::lost(hold.label, hold.mode());
                 }
                 Err(self.lost_error())
             }
@@ -272,9 +272,9 @@ impl LockGuard {
             .watchdog
             .leave(&hold.held, (&hold.name.hash, &hold.owner));
         if left.was_lost {
-            metrics::lost(hold.label);
+            metrics::lost(hold.label, hold.mode());
         }
-        metrics::held(hold.label, hold.acquired_at.elapsed());
+        metrics::held(hold.label, hold.mode(), hold.acquired_at.elapsed());
         Some(left)
     }
 }

@@ -209,6 +209,15 @@ impl Mode {
         .into()
     }
 
+    /// What metrics (label `mode`) and spans (field `mode`) call it.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Mode::Write => "write",
+            Mode::Read => "read",
+            Mode::Permit(_) => "semaphore",
+        }
+    }
+
     /// The semaphore's size, for a permit.
     pub(crate) fn permits(self) -> Option<u32> {
         match self {

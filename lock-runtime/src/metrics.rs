@@ -92,46 +92,46 @@ pub(crate) fn describe() {
 }
 
 /// A fresh hold began (`+1`) or ended (`-1`): the gauge of locks held.
-pub(crate) fn holding(lock: &'static str, delta: f64) {
+pub(crate) fn holding(lock: &'static str, mode: &'static str, delta: f64) {
     #[cfg(feature = "metrics")]
-    metrics::gauge!(HELD_LOCKS, "lock" => lock).increment(delta);
+    metrics::gauge!(HELD_LOCKS, "lock" => lock, "mode" => mode).increment(delta);
     #[cfg(not(feature = "metrics"))]
-    let _ = (lock, delta);
+    let _ = (lock, mode, delta);
 }
 
 /// A fresh acquisition (not a reentry), `waited` after it was asked for.
-pub(crate) fn acquired(lock: &'static str, waited: Duration) {
+pub(crate) fn acquired(lock: &'static str, mode: &'static str, waited: Duration) {
     #[cfg(feature = "metrics")]
     {
-        let label = [("lock", lock)];
+        let label = [("lock", lock), ("mode", mode)];
         metrics::counter!(ACQUIRED, &label).increment(1);
         metrics::histogram!(ACQUIRE_SECONDS, &label).record(waited.as_secs_f64());
     }
     #[cfg(not(feature = "metrics"))]
-    let _ = (lock, waited);
+    let _ = (lock, mode, waited);
 }
 
 /// A request that gave up busy: `Timeout`, or skipped
 /// (`on_busy = "skip"`, `try_acquire` returning `None`).
-pub(crate) fn busy(lock: &'static str) {
+pub(crate) fn busy(lock: &'static str, mode: &'static str) {
     #[cfg(feature = "metrics")]
-    metrics::counter!(BUSY, "lock" => lock).increment(1);
+    metrics::counter!(BUSY, "lock" => lock, "mode" => mode).increment(1);
     #[cfg(not(feature = "metrics"))]
-    let _ = lock;
+    let _ = (lock, mode);
 }
 
 /// A hold lost while held (expired unrenewed, deleted, or `max_hold`).
-pub(crate) fn lost(lock: &'static str) {
+pub(crate) fn lost(lock: &'static str, mode: &'static str) {
     #[cfg(feature = "metrics")]
-    metrics::counter!(LOST, "lock" => lock).increment(1);
+    metrics::counter!(LOST, "lock" => lock, "mode" => mode).increment(1);
     #[cfg(not(feature = "metrics"))]
-    let _ = lock;
+    let _ = (lock, mode);
 }
 
 /// A hold ended (released or dropped) `held` after it was acquired.
-pub(crate) fn held(lock: &'static str, held: Duration) {
+pub(crate) fn held(lock: &'static str, mode: &'static str, held: Duration) {
     #[cfg(feature = "metrics")]
-    metrics::histogram!(HELD_SECONDS, "lock" => lock).record(held.as_secs_f64());
+    metrics::histogram!(HELD_SECONDS, "lock" => lock, "mode" => mode).record(held.as_secs_f64());
     #[cfg(not(feature = "metrics"))]
-    let _ = (lock, held);
+    let _ = (lock, mode, held);
 }

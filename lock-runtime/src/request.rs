@@ -318,12 +318,12 @@ impl LockRequest {
     /// Acquire inside a `lock.acquire` span (DEBUG, INFO once it waits:
     /// see `spans.rs`), and count the outcome.
     async fn acquire(self) -> Result<LockGuard, LockError> {
-        let phases = spans::acquire(&self.key, self.label, self.wait);
+        let phases = spans::acquire(&self.key, self.label, self.mode.label(), self.wait);
         spans::acquiring(phases, self.acquire_counted()).await
     }
 
     async fn acquire_counted(self) -> Result<LockGuard, LockError> {
-        let label = self.label;
+        let (label, mode) = (self.label, self.mode.label());
         let started = Instant::now();
         let out = if self.more.is_empty() {
             self.acquire_open().await
@@ -336,11 +336,11 @@ impl LockRequest {
             }
             Ok(guard) => {
                 spans::acquired(guard.key(), label, "acquired", Some(guard.fence()), false);
-                metrics::acquired(label, started.elapsed());
+                metrics::acquired(label, mode, started.elapsed());
             }
             Err(LockError::Timeout { key, .. }) => {
                 spans::acquired(key, label, "busy", None, false);
-                metrics::busy(label);
+                metrics::busy(label, mode);
             }
             Err(LockError::Lost { key } | LockError::MaxHoldReached { key, .. }) => {
                 spans::acquired(key, label, "lost", None, true);
@@ -927,6 +927,7 @@ impl std::fmt::Debug for LockRequest {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LockRequest")
             .field("key", &self.key)
+            .field("mode", &self.mode)
             .field("lease", &self.lease)
             .field("wait", &self.wait)
             .finish()

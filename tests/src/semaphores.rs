@@ -144,55 +144,40 @@ pub async fn tokens_rise(d: &Deployment) {
     let g = d.client(0).semaphore(&key, 2).fence(false).await.unwrap();
     assert_eq!(g.fence(), 0);
     g.release().await.unwrap();
+    let none = d.client(0).semaphore(&key, 0).await;
+    assert!(matches!(none, Err(LockError::Config(_))), "{none:?}");
     d.assert_nothing_left(&key).await;
 }
 
-/// Waiters are handed permits in the order they queued.
+/// Waiters are handed permits in the order they queued: each returned
+/// permit goes to the next of them.
 pub async fn waiters_are_served_in_order(d: &Deployment) {
     let key = crate::unique("sem-fifo");
-    let a = d.client(0).semaphore(&key, 2).await.unwrap();
-    let b = d.client(1).semaphore(&key, 2).await.unwrap();
-    let order = Arc::new(Mutex::new(Vec::new()));
-    let mut waiters = Vec::new();
+    let mut held = std::collections::VecDeque::new();
+    held.push_back(d.client(0).semaphore(&key, 2).await.unwrap());
+    held.push_back(d.client(1).semaphore(&key, 2).await.unwrap());
+    let (tx, mut served) = tokio::sync::mpsc::unbounded_channel();
     for i in 0..4 {
-        let (c, k, order) = (d.client(i).clone(), key.clone(), order.clone());
-        waiters.push(tokio::spawn(async move {
-            let g = c
-                .semaphore(&k, 2)
-                .wait(Duration::from_secs(30))
-                .await
-                .unwrap();
-            order.lock().unwrap().push(i);
-            g
-        }));
+        let (c, k, tx) = (d.client(i).clone(), key.clone(), tx.clone());
+        tokio::spawn(async move {
+            let g = c.semaphore(&k, 2).wait(Duration::from_secs(30)).await;
+            let _ = tx.send((i, g));
+        });
         // Queued before the next one asks.
         d.until_waiters(&key, i + 1).await;
     }
-    a.release().await.unwrap();
-    let first = tokio::time::timeout(Duration::from_secs(10), waiters.remove(0))
-        .await
-        .expect("the first waiter was not served")
-        .unwrap();
-    b.release().await.unwrap();
-    let second = tokio::time::timeout(Duration::from_secs(10), waiters.remove(0))
-        .await
-        .expect("the second waiter was not served")
-        .unwrap();
-    first.release().await.unwrap();
-    second.release().await.unwrap();
-    for w in waiters {
-        let g = tokio::time::timeout(Duration::from_secs(10), w)
+    for want in 0..4 {
+        held.pop_front().unwrap().release().await.unwrap();
+        let (i, g) = tokio::time::timeout(Duration::from_secs(10), served.recv())
             .await
-            .expect("a waiter was not served")
+            .unwrap_or_else(|_| panic!("{}: waiter {want} was not served", d.name))
             .unwrap();
+        assert_eq!(i, want, "{}: not first come first served", d.name);
+        held.push_back(g.unwrap());
+    }
+    for g in held {
         g.release().await.unwrap();
     }
-    assert_eq!(
-        *order.lock().unwrap(),
-        [0, 1, 2, 3],
-        "{}: not first come first served",
-        d.name
-    );
     d.assert_nothing_left(&key).await;
 }
 
@@ -467,6 +452,101 @@ pub async fn min_hold_keeps_the_permit_counted(d: &Deployment) {
     d.assert_nothing_left(&key).await;
 }
 
+/// The watchdog keeps a permit with a short lease for as long as its body
+/// runs (renewed in the watchdog's round beside a lock's), and stops at
+/// `max_hold`: the permit lapses and the holder is told.
+pub async fn renewals_keep_a_permit_until_max_hold(d: &Deployment) {
+    let key = crate::unique("sem-renew");
+    let lease = Duration::from_millis(300);
+    let lock_key = crate::unique("sem-renew-lock");
+    let lock = d.client(0).lock(&lock_key).lease(lease).await.unwrap();
+    let g = d
+        .client(0)
+        .semaphore(&key, 1)
+        .lease(lease)
+        .max_hold(Duration::from_millis(1500))
+        .await
+        .unwrap();
+    tokio::time::sleep(lease * 3).await;
+    assert!(!g.is_lost() && !lock.is_lost(), "{}: not renewed", d.name);
+    let r = d.client(1).semaphore(&key, 1).wait(Duration::ZERO).await;
+    assert!(
+        matches!(r, Err(LockError::Timeout { .. })),
+        "{}: {r:?}",
+        d.name
+    );
+    tokio::time::timeout(Duration::from_secs(5), g.lost())
+        .await
+        .unwrap_or_else(|_| panic!("{}: max_hold did not end the permit", d.name));
+    let next = d
+        .client(1)
+        .semaphore(&key, 1)
+        .wait(Duration::from_secs(5))
+        .await
+        .unwrap();
+    next.release().await.unwrap();
+    assert!(matches!(
+        g.release().await,
+        Err(LockError::MaxHoldReached { .. } | LockError::Lost { .. })
+    ));
+    lock.release().await.unwrap();
+    d.assert_nothing_left(&key).await;
+}
+
+/// Requests dropped at every stage (before the send, queued, granted but
+/// not yet handed back) leave no permit and no queue entry behind, and
+/// never let more than N bodies in.
+pub async fn cancelled_requests_leave_nothing(d: &Deployment) {
+    const N: u32 = 2;
+    let key = crate::unique("sem-cancel-fuzz");
+    let inside = Arc::new(Inside::default());
+    let mut tasks = Vec::new();
+    for t in 0..8usize {
+        let (c, key, inside) = (d.client(t).clone(), key.clone(), inside.clone());
+        tasks.push(tokio::spawn(async move {
+            for i in 0..25u64 {
+                let give_up = Duration::from_micros(fastrand::u64(0..3000));
+                let request = c.semaphore(&key, N).wait(Duration::from_secs(30));
+                match tokio::time::timeout(give_up, request).await {
+                    Ok(Ok(g)) => {
+                        let n = inside.enter();
+                        assert!(n <= N as usize, "{n} inside a semaphore of {N}");
+                        tokio::time::sleep(Duration::from_micros(300 * (i % 4))).await;
+                        inside.leave();
+                        if i % 3 == 0 {
+                            drop(g); // released in the background
+                        } else {
+                            g.release().await.unwrap();
+                        }
+                    }
+                    Ok(Err(e)) => panic!("{e}"),
+                    Err(_) => {}
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    // Everything dropped is taken back within moments, not a lease.
+    d.assert_nothing_left(&key).await;
+    let g = d
+        .client(0)
+        .semaphore(&key, N)
+        .wait(Duration::ZERO)
+        .await
+        .unwrap();
+    let h = d
+        .client(1)
+        .semaphore(&key, N)
+        .wait(Duration::ZERO)
+        .await
+        .unwrap();
+    g.release().await.unwrap();
+    h.release().await.unwrap();
+    d.assert_nothing_left(&key).await;
+}
+
 /// Every check above, in turn.
 pub async fn all(d: &Deployment) {
     at_most_n_at_once(d).await;
@@ -478,4 +558,6 @@ pub async fn all(d: &Deployment) {
     operations(d).await;
     locks_and_semaphores_exclude_each_other(d).await;
     min_hold_keeps_the_permit_counted(d).await;
+    renewals_keep_a_permit_until_max_hold(d).await;
+    cancelled_requests_leave_nothing(d).await;
 }

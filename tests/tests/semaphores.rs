@@ -3,6 +3,7 @@
 //! Redis Cluster; on one Redis also the hand-off's cost, a dead holder, a
 //! dead waiter, lost replies and a long queue.
 
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockError};
@@ -426,4 +427,302 @@ async fn ten_thousand_dead_waiters_do_not_make_a_release_o_of_waiters() {
     );
     g.release().await.unwrap();
     d.assert_nothing_left(&key).await;
+}
+
+/// Every command's CPU time (µs) and calls since the last reset, by name.
+fn command_stats(server: &RedisServer) -> Vec<(String, u64, u64)> {
+    let info: String = server.cmd(&["INFO", "commandstats"]);
+    info.lines()
+        .filter_map(|l| l.strip_prefix("cmdstat_"))
+        .filter(|l| !l.starts_with("info:") && !l.starts_with("config|resetstat:"))
+        .filter_map(|l| {
+            let (name, rest) = l.split_once(':')?;
+            let field = |f: &str| -> Option<u64> {
+                rest.split(',')
+                    .find_map(|kv| kv.strip_prefix(f))?
+                    .parse()
+                    .ok()
+            };
+            Some((name.to_owned(), field("calls=")?, field("usec=")?))
+        })
+        .collect()
+}
+
+/// Instructions Redis ran for `cycles` uncontended acquire + release
+/// cycles of locks and of permits, counted by callgrind: a redis-server
+/// started by hand under `valgrind --tool=callgrind` with its pid in
+/// `SEM_CALLGRIND_PID` and its URL in `SEM_CALLGRIND_URL`. Repeatable
+/// where wall-clock CPU is not (a loaded machine).
+async fn callgrind_costs(cycles: usize) -> Option<[f64; 2]> {
+    let pid = std::env::var("SEM_CALLGRIND_PID").ok()?;
+    let url = std::env::var("SEM_CALLGRIND_URL").ok()?;
+    let client = LockClient::builder()
+        .op_timeout(Duration::from_secs(10))
+        .connect(&url)
+        .await
+        .unwrap();
+    let control = |arg: &str| {
+        let out = std::process::Command::new("callgrind_control")
+            .args([arg, &pid])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "callgrind_control {arg}: {out:?}");
+    };
+    let mut per = [0.0; 2];
+    for (i, sem) in [false, true].into_iter().enumerate() {
+        // Warm: scripts loaded, connections open.
+        for _ in 0..20 {
+            let key = unique("cg");
+            let g = if sem {
+                client.semaphore(&key, 4).await
+            } else {
+                client.lock(&key).await
+            };
+            g.unwrap().release().await.unwrap();
+        }
+        let keys: Vec<String> = (0..cycles).map(|_| unique("cg")).collect();
+        control("-z");
+        for key in &keys {
+            let g = if sem {
+                client.semaphore(key, 4).await
+            } else {
+                client.lock(key).await
+            };
+            g.unwrap().release().await.unwrap();
+        }
+        let before: std::collections::HashSet<_> = dumps(&pid);
+        control("-d");
+        let file = dumps(&pid)
+            .difference(&before)
+            .next()
+            .cloned()
+            .expect("a new dump");
+        let text = std::fs::read_to_string(&file).unwrap();
+        let total: u64 = text
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("summary: ")
+                    .or_else(|| l.strip_prefix("totals: "))
+            })
+            .and_then(|n| n.split_whitespace().next()?.parse().ok())
+            .expect("a total in the dump");
+        per[i] = total as f64 / cycles as f64;
+    }
+    Some(per)
+}
+
+/// The callgrind dumps of process `pid` in the working directory of the
+/// run (`SEM_CALLGRIND_DIR`).
+fn dumps(pid: &str) -> std::collections::HashSet<std::path::PathBuf> {
+    let dir = std::env::var("SEM_CALLGRIND_DIR").unwrap_or_else(|_| ".".into());
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&format!("callgrind.out.{pid}")))
+        })
+        .collect()
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// The figures of docs/SEMAPHORES.md ("What it costs"): Redis CPU of an
+/// uncontended acquire + release, a semaphore's against a lock's in the
+/// same run (interleaved rounds), and the hand-off latency of each. Run by
+/// hand: `cargo test --release -p tests --test semaphores -- --ignored
+/// --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: run by hand"]
+async fn measure_costs_and_hand_off() {
+    let server = RedisServer::start();
+    let client = builder().connect(&server.url()).await.unwrap();
+    const CYCLES: usize = 1000;
+    let mut usec = [0u64; 2];
+    let mut calls = [0u64; 2];
+    let mut scripts = [0u64; 2];
+    for round in 0..6 {
+        for (i, sem) in [false, true].into_iter().enumerate() {
+            let keys: Vec<String> = (0..CYCLES).map(|_| unique("cost")).collect();
+            server.reset_stats();
+            for key in &keys {
+                let g = if sem {
+                    client.semaphore(key, 4).await.unwrap()
+                } else {
+                    client.lock(key).await.unwrap()
+                };
+                g.release().await.unwrap();
+            }
+            if round == 0 {
+                continue; // warm-up
+            }
+            for (name, c, u) in command_stats(&server) {
+                usec[i] += u;
+                if name == "evalsha" || name == "eval" {
+                    scripts[i] += c;
+                } else {
+                    calls[i] += c;
+                }
+            }
+        }
+    }
+    if let Some([lock, sem]) = callgrind_costs(500).await {
+        println!(
+            "callgrind, Redis instructions per uncontended acquire + release: lock {lock:.0}, semaphore {sem:.0}: {:.2}×",
+            sem / lock
+        );
+    }
+    let per = |x: u64| x as f64 / (5 * CYCLES) as f64;
+    println!(
+        "uncontended acquire + release, Redis CPU per cycle: lock {:.1} µs ({:.1} scripts, {:.1} inner commands), semaphore {:.1} µs ({:.1} scripts, {:.1} inner commands): {:.2}×",
+        per(usec[0]),
+        per(scripts[0]),
+        per(calls[0]),
+        per(usec[1]),
+        per(scripts[1]),
+        per(calls[1]),
+        usec[1] as f64 / usec[0] as f64
+    );
+
+    // Hand-off: two tasks take turns on one key; the waiter measures from
+    // the holder's call to release() to its own guard in hand.
+    for sem in [false, true] {
+        let key = unique("handoff");
+        let released = Arc::new(Mutex::new(None::<Instant>));
+        let samples = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for _ in 0..2 {
+            let (c, key, released, samples) = (
+                builder().connect(&server.url()).await.unwrap(),
+                key.clone(),
+                released.clone(),
+                samples.clone(),
+            );
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..300 {
+                    let req = if sem {
+                        c.semaphore(&key, 1)
+                    } else {
+                        c.lock(&key)
+                    };
+                    let g = req.wait(Duration::from_secs(30)).await.unwrap();
+                    if let Some(at) = released.lock().unwrap().take() {
+                        samples.lock().unwrap().push(at.elapsed());
+                    }
+                    tokio::time::sleep(Duration::from_micros(500)).await;
+                    *released.lock().unwrap() = Some(Instant::now());
+                    g.release().await.unwrap();
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let mut s = samples.lock().unwrap().clone();
+        s.sort();
+        println!(
+            "{} hand-off over {} turns: p50 {:?}, p99 {:?}",
+            if sem { "semaphore(1)" } else { "lock" },
+            s.len(),
+            percentile(&s, 0.5),
+            percentile(&s, 0.99)
+        );
+    }
+}
+
+/// On a Redis Cluster, a release sent while the semaphore's slot is half
+/// moved (its queue and waiters on the target, the hash still on the
+/// source) is refused whole (`TRYAGAIN`: every key is declared), waits the
+/// migration out, and then hands the permit to the waiter; nothing is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_waits_out_a_slot_half_moved() {
+    use tests::cluster::{key_slot, Cluster};
+    tests::init_tracing();
+    let cluster = Cluster::start(3, 0, 2000);
+    let holder = builder().cluster(cluster.urls()).await.unwrap();
+    let waiting = builder().cluster(cluster.urls()).await.unwrap();
+    let key = unique("sem-migrating");
+    let hash = format!("lock:{{{key}}}");
+    let slot = key_slot(&hash);
+    let held = holder.semaphore(&key, 1).await.unwrap();
+    let waiter = {
+        let (c, key) = (waiting.clone(), key.clone());
+        tokio::spawn(async move { c.semaphore(&key, 1).wait(Duration::from_secs(20)).await })
+    };
+    assert!(eventually(Duration::from_secs(10), || waiting.waiting_here(&key) == 1).await);
+    let from = cluster.slot_owner(slot);
+    let to = (from + 1) % cluster.nodes.len();
+    cluster.begin_migration(slot, from, to);
+    cluster.migrate_keys(
+        from,
+        to,
+        &[&format!("{hash}:queue"), &format!("{hash}:waiters")],
+    );
+    let tries = || cluster.try_again_errors(from) + cluster.try_again_errors(to);
+    let before = tries();
+    let releasing = tokio::spawn(async move { held.release().await });
+    assert!(
+        eventually(Duration::from_secs(5), || tries() > before).await,
+        "the release met no TRYAGAIN"
+    );
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(
+        !releasing.is_finished(),
+        "the release ended mid-migration: {:?}",
+        releasing.await
+    );
+    cluster.finish_migration(slot, from, to);
+    releasing.await.unwrap().unwrap();
+    let g = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter was not served after the migration")
+        .unwrap()
+        .unwrap();
+    g.release().await.unwrap();
+    let left: Vec<String> =
+        cluster.nodes[to].cmd(&["CLUSTER", "GETKEYSINSLOT", &slot.to_string(), "100"]);
+    assert!(
+        left.iter().all(|k| !k.contains(&key)),
+        "left behind: {left:?}"
+    );
+}
+
+/// `raise_permit_fence.lua` (Redlock: every granted node learns the token
+/// the acquisition chose) raises the permit's token and the slot's
+/// counter, never lowers either, and leaves another owner's permit alone.
+#[tokio::test]
+async fn raising_a_permits_token_only_raises() {
+    let server = RedisServer::start();
+    let key = unique("sem-raise");
+    let hash = format!("lock:{{{key}}}");
+    let token = permit(&server, &key, "c1:s2.1", 30_000, "")[1];
+    let other = permit(&server, &key, "c2:s2.1", 30_000, "")[1];
+    let raise = |owner: &str, to: i64| {
+        let _: i64 = redis::Script::new(include_str!(
+            "../../lock-runtime/scripts/raise_permit_fence.lua"
+        ))
+        .key(&hash)
+        .key(tests::scripts::COUNTER)
+        .arg(owner)
+        .arg(to)
+        .arg(tests::scripts::COUNTER_TTL_MS)
+        .invoke(&mut server.conn())
+        .unwrap();
+    };
+    let token_of = |owner: &str| -> i64 {
+        let v: String = server.cmd(&["HGET", &hash, owner]);
+        v.split(' ').nth(1).unwrap().parse().unwrap()
+    };
+    raise("c1:s2.1", token + 1000);
+    assert_eq!(token_of("c1:s2.1"), token + 1000);
+    assert_eq!(token_of("c2:s2.1"), other);
+    let counter: i64 = server.cmd(&["GET", tests::scripts::COUNTER]);
+    assert_eq!(counter, token + 1000);
+    raise("c1:s2.1", token);
+    assert_eq!(token_of("c1:s2.1"), token + 1000, "lowered");
+    let counter: i64 = server.cmd(&["GET", tests::scripts::COUNTER]);
+    assert_eq!(counter, token + 1000, "the counter was lowered");
 }

@@ -1155,17 +1155,17 @@ impl RedisNode {
         let mut pipe = Pipeline::new();
         let mut calls = 0;
         for same in order.chunk_by(|&a, &b| group(a) == group(b)) {
-            let (lease, front, read) = group(same[0]);
+            let (lease, front, kind) = group(same[0]);
             let lease = millis(lease);
             for chunk in same.chunks(RENEW_CHUNK) {
                 let mut args: Vec<Arg<'_>> = Vec::with_capacity(chunk.len() + 2);
                 args.push(Arg::Num(lease));
                 args.push(Arg::Str(front));
                 args.extend(chunk.iter().map(|&i| Arg::Str(parts[i].3)));
-                if read == b's' {
+                if kind == b's' {
                     let keys: Vec<&str> = chunk.iter().map(|&i| &*batch[i].name.hash).collect();
                     pipe.add_command(scripts::RENEW_PERMITS.evalsha(&keys, &args));
-                } else if read == b'r' {
+                } else if kind == b'r' {
                     let readers: Vec<String> =
                         chunk.iter().map(|&i| batch[i].name.readers()).collect();
                     let keys: Vec<&str> = chunk
