@@ -106,11 +106,23 @@ pub fn renew(k: u8, owner: &str, read: bool, lease: u64) -> Call {
 
 /// `RedisNode::acquire_permit` on one server, fenced: `stay` in ms if the
 /// attempt queues when busy. (No rejoin flag: `permit.lua` finds an
-/// earlier send's queue entry itself.)
-pub fn permit(k: u8, owner: &str, lease: u64, stay: Option<u64>, fence_ttl: u64) -> Call {
+/// earlier send's queue entry itself.) `one_too_many`: the canary
+/// `Defects::permit_admits_one_more`.
+pub fn permit(
+    k: u8,
+    owner: &str,
+    lease: u64,
+    stay: Option<u64>,
+    fence_ttl: u64,
+    one_too_many: bool,
+) -> Call {
     let n = names(k);
     Call {
-        script: Script::Permit,
+        script: if one_too_many {
+            Script::PermitOneTooMany
+        } else {
+            Script::Permit
+        },
         keys: vec![n[0].clone(), n[1].clone()],
         args: vec![
             owner.to_string(),

@@ -67,6 +67,10 @@ pub struct Defects {
     /// head it held back waiters of a larger N (strict FIFO) that the free
     /// permits admit.
     pub release_permit_before_fix: bool,
+    /// Not a defect the scripts ever had, a canary: `permit.lua` admitting
+    /// a request while as many as its N hold ([`ONE_TOO_MANY`]), so that
+    /// a test shows the bound on permit holders is checked at all.
+    pub permit_admits_one_more: bool,
 }
 
 impl Defects {
@@ -84,6 +88,7 @@ impl Defects {
         release_before_fixes: false,
         keep_permit_before_fix: false,
         release_permit_before_fix: false,
+        permit_admits_one_more: false,
     };
 
     /// The code before the fixes: every known defect present.
@@ -97,6 +102,7 @@ impl Defects {
         release_before_fixes: true,
         keep_permit_before_fix: true,
         release_permit_before_fix: true,
+        permit_admits_one_more: false,
     };
 }
 
@@ -149,4 +155,10 @@ pub const KEEP_PERMIT_FIX: [(&str, &str); 1] = [(
 pub const GIVE_UP_FIX: [(&str, &str); 1] = [(
     "  if head ~= owner then\n    return 0\n  end\n",
     "  return 0\n",
+)];
+
+/// `permit.lua`'s admission, and the canary's (`Defects::permit_admits_one_more`).
+pub const ONE_TOO_MANY: [(&str, &str); 1] = [(
+    "if live < permits and not blocked then",
+    "if live <= permits and not blocked then",
 )];

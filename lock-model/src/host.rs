@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 
 use mlua::{Function, Lua, MultiValue, Table, Value};
 
-use crate::defects::{DEAD_READER_FIX, GIVE_UP_FIX, KEEP_PERMIT_FIX, RACE_3_FIX};
+use crate::defects::{DEAD_READER_FIX, GIVE_UP_FIX, KEEP_PERMIT_FIX, ONE_TOO_MANY, RACE_3_FIX};
 use crate::keyspace::{fmt_g17, Keyspace, Reply};
 
 /// A script the host runs.
@@ -51,6 +51,8 @@ pub enum Script {
     /// Today's `release_permit.lua` with its fix taken out
     /// (`defects::GIVE_UP_FIX`).
     ReleasePermitBeforeFix,
+    /// `permit.lua` admitting one holder too many (`defects::ONE_TOO_MANY`).
+    PermitOneTooMany,
 }
 
 const SOURCES: [(Script, &str, &str); 13] = [
@@ -123,7 +125,7 @@ const SOURCES: [(Script, &str, &str); 13] = [
 
 impl Script {
     /// Every script the host runs.
-    pub const ALL: [Script; 17] = [
+    pub const ALL: [Script; 18] = [
         Script::Acquire,
         Script::Release,
         Script::Renew,
@@ -141,6 +143,7 @@ impl Script {
         Script::ReleaseBeforeFixes,
         Script::KeepPermitBeforeFix,
         Script::ReleasePermitBeforeFix,
+        Script::PermitOneTooMany,
     ];
 
     /// The script's source text.
@@ -187,6 +190,7 @@ impl Script {
             Script::ReleasePermitBeforeFix => {
                 unfix(Script::ReleasePermit, &GIVE_UP_FIX, "GIVE_UP_FIX")
             }
+            Script::PermitOneTooMany => unfix(Script::Permit, &ONE_TOO_MANY, "ONE_TOO_MANY"),
             _ => Cow::Borrowed(SOURCES.iter().find(|s| s.0 == self).unwrap().2),
         }
     }
@@ -204,6 +208,9 @@ impl Script {
         }
         if self == Script::ReleasePermitBeforeFix {
             return "release_permit.lua (its fix taken out)";
+        }
+        if self == Script::PermitOneTooMany {
+            return "permit.lua (admitting one too many)";
         }
         SOURCES.iter().find(|s| s.0 == self).unwrap().1
     }

@@ -242,7 +242,14 @@ impl World {
                 ..
             } if owner.is_permit() => {
                 let id = owner_id(c, owner);
-                let call = calls::permit(key, &id, lease, stay, self.timing.fence_ttl);
+                let call = calls::permit(
+                    key,
+                    &id,
+                    lease,
+                    stay,
+                    self.timing.fence_ttl,
+                    d.permit_admits_one_more,
+                );
                 let reply = ReplyKey::Acquire(read_acquire(&self.run(s, call)));
                 properties::on_permit_script(s, key);
                 reply

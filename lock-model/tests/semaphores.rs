@@ -9,7 +9,7 @@ use lock_model::check;
 use lock_model::defects::Defects;
 use lock_model::plan::World;
 use lock_model::properties::{
-    FAILOVER_KEPT, FAILOVER_LOST, HANDED_OVER, PERMITS_FULL, PERMITS_SERVED, TTLS,
+    FAILOVER_KEPT, FAILOVER_LOST, HANDED_OVER, PERMITS_BOUNDED, PERMITS_FULL, PERMITS_SERVED, TTLS,
 };
 use lock_model::scenarios;
 
@@ -133,4 +133,20 @@ fn permits_across_a_failover_with_and_without_acks() {
             r.assert_reached(FAILOVER_LOST);
         }
     }
+}
+
+/// The canary: a `permit.lua` that admits a request while its N hold is
+/// caught, with a third holder of two permits.
+#[test]
+fn a_permit_script_admitting_one_too_many_is_caught() {
+    let on = Defects {
+        permit_admits_one_more: true,
+        ..D
+    };
+    let t = found(
+        "permit.lua admitting one too many",
+        scenarios::permits_crash(on),
+        PERMITS_BOUNDED,
+    );
+    assert!(t.contains("2 holders granted before it, 2 allowed"), "{t}");
 }
