@@ -18,9 +18,13 @@ end
 local t = redis.call('time')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ends, tok = string.match(cur, '^(%d+) (%S+)$')
-redis.call('hdel', sem, owner)
 if not ends or tonumber(ends) <= now then
+  redis.call('hdel', sem, owner)
   return 0
 end
+-- Written before the owner's field goes, so that the hash never empties
+-- (an emptied hash is deleted, and the field written then would live
+-- without an expiry).
 redis.call('hset', sem, kept, math.min(tonumber(ends), now + tonumber(ARGV[2])) .. ' ' .. tok)
+redis.call('hdel', sem, owner)
 return 1

@@ -25,9 +25,14 @@ if type(gone) ~= 'number' then
   return -1
 end
 if gone == 0 and redis.call('hdel', waiters, owner) == 1 then
-  -- A waiter giving up: it frees nothing.
+  -- A waiter giving up frees nothing; but at the head it may have held
+  -- back waiters behind it that a smaller N of its own kept out (strict
+  -- FIFO): they are served below.
+  local head = redis.call('lindex', queue, 0)
   redis.call('lrem', queue, 1, owner)
-  return 0
+  if head ~= owner then
+    return 0
+  end
 end
 -- (An entry whose lease ended but that is still there was never counted
 -- out: nobody took its place, and its release is a release.)

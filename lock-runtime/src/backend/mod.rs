@@ -155,9 +155,6 @@ impl Backend {
         lease: Duration,
         queue: Queue,
     ) -> Result<Acquired, Fault> {
-        if let Mode::Permit(_) = Mode::of(owner) {
-            self.has_semaphores()?;
-        }
         each!(self, b => b.acquire(name, owner, lease, queue).await,
             fake _f => Err(Fault::other("not used")))
     }
@@ -344,23 +341,6 @@ impl Backend {
     pub(crate) async fn scan(&self, pattern: &str) -> Result<Vec<String>, Fault> {
         each!(self, b => b.scan(pattern).await,
             fake _f => Err(Fault::other("not used")))
-    }
-
-    /// Whether this deployment keeps semaphores (`docs/SEMAPHORES.md`).
-    /// The seam for the backends that do not yet: a permit's acquire is
-    /// refused here with a typed error, before it reaches them, so every
-    /// other verb only ever sees permits of a deployment that keeps them.
-    pub(crate) fn has_semaphores(&self) -> Result<(), Fault> {
-        let Backend::Redlock(_) = self else {
-            return Ok(());
-        };
-        Err(Fault::Config(format!(
-            "semaphores are not available on the {} deployment yet",
-            match self {
-                Backend::Memory(_) => "in-memory",
-                _ => "Redlock",
-            }
-        )))
     }
 
     /// How much of a lease the holder must not count on: clocks of several
