@@ -847,7 +847,8 @@ fn reenter(
     let Some(s) = scope else {
         return Ok(None);
     };
-    match s.reenter(&client.inner.id, &name.hash, mode) {
+    let (found, at) = s.reenter(&client.inner.id, &name.hash, mode);
+    match found {
         Reentry::Upgrade => Err(LockError::UpgradeRefused {
             key: name.key.to_string(),
         }),
@@ -862,7 +863,7 @@ fn reenter(
                 .watchdog
                 .raise_lease(&hold.held, (&hold.name.hash, &hold.owner), lease);
             tracing::trace!(key = %name.key, fence = hold.fence, "lock re-entered");
-            Ok(Some(LockGuard::reentered(hold, s.clone())))
+            Ok(Some(LockGuard::reentered(hold, at)))
         }
         // The outer hold is gone: a fresh grant under it would hide that.
         Reentry::Lost => Err(LockError::Lost {

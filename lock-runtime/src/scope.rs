@@ -7,6 +7,11 @@
 //! a different holder. Task-locals work the same under `block_on`,
 //! `#[tokio::main]`, `#[tokio::test]` and in spawned tasks.
 //!
+//! A permit is no scope-wide hold: a semaphore admits at most N bodies,
+//! and futures joined in one body are as many bodies. A permit joins a
+//! child scope that wraps only its own body ([`Scope::body_of`]), so calls
+//! nested in that body re-enter it and its body's siblings do not.
+//!
 //! The tokens are a task-local of their own, set around each annotated
 //! body only while that body is polled: bodies joined in one task each see
 //! their own.
@@ -94,6 +99,9 @@ type HoldKey = (Arc<str>, Arc<str>);
 
 #[derive(Default)]
 pub(crate) struct Scope {
+    /// The scope a permit's body scope is nested in: locks join and
+    /// re-enter there, so scope-mates keep sharing them.
+    parent: Option<Arc<Scope>>,
     /// Each lock the scope holds, with how many of its guards are open.
     held: Mutex<HashMap<HoldKey, (Arc<Hold>, usize)>>,
     /// A lock joined the scope: a scope-mate that waits for the same key
@@ -121,7 +129,27 @@ impl Scope {
     /// every mode; a read hold serves reads, and a permit permits: a
     /// request that asks for more than the scope holds would wait for the
     /// scope itself, and is refused at once.
-    pub(crate) fn reenter(&self, client: &Arc<str>, hash: &Arc<str>, mode: Mode) -> Reentry {
+    ///
+    /// Returns the scope that holds it, which a re-entered guard leaves.
+    pub(crate) fn reenter(
+        self: &Arc<Self>,
+        client: &Arc<str>,
+        hash: &Arc<str>,
+        mode: Mode,
+    ) -> (Reentry, Arc<Scope>) {
+        let mut at = self;
+        loop {
+            match at.reenter_here(client, hash, mode) {
+                Reentry::No => match &at.parent {
+                    Some(parent) => at = parent,
+                    None => return (Reentry::No, self.clone()),
+                },
+                found => return (found, at.clone()),
+            }
+        }
+    }
+
+    fn reenter_here(&self, client: &Arc<str>, hash: &Arc<str>, mode: Mode) -> Reentry {
         let mut held = self.held.lock().unwrap();
         match held.get_mut(&(client.clone(), hash.clone())) {
             Some((hold, _)) if !serves(Mode::of(&hold.owner), mode) => {
@@ -143,7 +171,11 @@ impl Scope {
     /// A fresh grant joins the scope. If a scope-mate's grant of the same
     /// key is there and still held, the new one stays a lone guard; a lost
     /// one is replaced (its guards then each count as the last of theirs).
+    /// A lock asked for in a permit's body joins the scope around it.
     pub(crate) fn insert(&self, client: &Arc<str>, hold: &Arc<Hold>) {
+        if let Some(parent) = self.lock_scope(hold) {
+            return parent.insert(client, hold);
+        }
         let key = (client.clone(), hold.name.hash.clone());
         let mut held = self.held.lock().unwrap();
         match held.get(&key) {
@@ -160,6 +192,9 @@ impl Scope {
     /// is to be released. Under the scope's lock, so a reentry cannot slip
     /// in between the count reaching zero and the release.
     pub(crate) fn leave(&self, client: &Arc<str>, hold: &Arc<Hold>) -> bool {
+        if let Some(parent) = self.lock_scope(hold) {
+            return parent.leave(client, hold);
+        }
         let key = (client.clone(), hold.name.hash.clone());
         let mut held = self.held.lock().unwrap();
         match held.get_mut(&key) {
@@ -176,6 +211,33 @@ impl Scope {
         }
     }
 
+    /// Where a lock held in this scope joins: a permit's body scope passes
+    /// it up, so that the body's scope-mates share it as before.
+    fn lock_scope(&self, hold: &Hold) -> Option<&Arc<Scope>> {
+        self.parent
+            .as_ref()
+            .filter(|_| Mode::of(&hold.owner).permits().is_none())
+    }
+
+    /// The scope of a fresh permit's body, nested in `parent`: the permit
+    /// is its one hold, with one guard (the caller's).
+    pub(crate) fn body_of(
+        parent: Option<Arc<Scope>>,
+        client: &Arc<str>,
+        hold: &Arc<Hold>,
+    ) -> Arc<Scope> {
+        let scope = Scope {
+            parent,
+            ..Scope::default()
+        };
+        scope
+            .held
+            .lock()
+            .unwrap()
+            .insert((client.clone(), hold.name.hash.clone()), (hold.clone(), 1));
+        Arc::new(scope)
+    }
+
     /// Resolves when a lock joins the scope.
     pub(crate) fn joined(&self) -> tokio::sync::futures::Notified<'_> {
         self.joined.notified()
@@ -190,6 +252,11 @@ pub(crate) fn current() -> Option<Arc<Scope>> {
 /// Run `fut` as a new holder.
 pub(crate) async fn enter<F: Future>(fut: F) -> F::Output {
     SCOPE.scope(Arc::default(), fut).await
+}
+
+/// Run `fut` in `scope` (a permit's body scope).
+pub(crate) async fn within<F: Future>(scope: Arc<Scope>, fut: F) -> F::Output {
+    SCOPE.scope(scope, fut).await
 }
 
 /// Run an annotated body: `current_fence()` and `current_fences()` inside
