@@ -655,3 +655,53 @@ async fn a_permit_is_renewed_by_its_quorum_while_one_node_of_five_dies() {
         );
     }
 }
+
+/// Two overlapping permits never carry one token. Three nodes, two permits
+/// (all three nodes grant). The state left by a holder B whose raise landed
+/// on node 1 between A's grant there and A's raise: B's permit carries T on
+/// node 1, and node 0's counter is just below T, so A is handed T there
+/// and T is the highest token A saw. Raising node 1 to T is refused (B
+/// has it), and A's token goes above it on every node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_overlapping_permits_never_share_a_token() {
+    let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let key = unique("sem-token");
+    let t: u64 = 9_000_000_000_000_000;
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let _: () = nodes[0].cmd(&["SET", "lock:fence", &(t - 1).to_string()]);
+    let _: () = nodes[1].cmd(&[
+        "HSET",
+        &hash(&key),
+        "b:s2.1",
+        &format!("{} {t}", now_ms + 60_000),
+    ]);
+    let _: () = nodes[1].cmd(&["PEXPIRE", &hash(&key), "60000"]);
+    let client = redlock(&nodes).await;
+    let a = client
+        .semaphore(&key, 2)
+        .lease(Duration::from_secs(5))
+        .await
+        .expect("a permit: one of two is free on every node");
+    println!("B holds token {t}; A was given {}", a.fence());
+    assert_ne!(a.fence(), t, "two live permits with one token");
+    assert!(a.fence() > t);
+    for n in &nodes {
+        let fields: Vec<String> = n.cmd(&["HVALS", &hash(&key)]);
+        let tokens: HashSet<&str> = fields.iter().filter_map(|v| v.split(' ').nth(1)).collect();
+        assert_eq!(
+            tokens.len(),
+            fields.len(),
+            "one token twice on a node: {fields:?}"
+        );
+        assert!(
+            fields
+                .iter()
+                .any(|v| v.ends_with(&format!(" {}", a.fence()))),
+            "{fields:?}"
+        );
+    }
+    a.release().await.unwrap();
+}

@@ -700,8 +700,8 @@ async fn raising_a_permits_token_only_raises() {
     let hash = format!("lock:{{{key}}}");
     let token = permit(&server, &key, "c1:s2.1", 30_000, "")[1];
     let other = permit(&server, &key, "c2:s2.1", 30_000, "")[1];
-    let raise = |owner: &str, to: i64| {
-        let _: i64 = redis::Script::new(include_str!(
+    let raise = |owner: &str, to: i64| -> Vec<i64> {
+        redis::Script::new(include_str!(
             "../../lock-runtime/scripts/raise_permit_fence.lua"
         ))
         .key(&hash)
@@ -710,14 +710,17 @@ async fn raising_a_permits_token_only_raises() {
         .arg(to)
         .arg(tests::scripts::COUNTER_TTL_MS)
         .invoke(&mut server.conn())
-        .unwrap();
+        .unwrap()
     };
     let token_of = |owner: &str| -> i64 {
         let v: String = server.cmd(&["HGET", &hash, owner]);
         v.split(' ').nth(1).unwrap().parse().unwrap()
     };
-    raise("c1:s2.1", token + 1000);
+    assert_eq!(raise("c1:s2.1", token + 1000), [1]);
     assert_eq!(token_of("c1:s2.1"), token + 1000);
+    // Another permit carries that token now: refused, with the counter.
+    assert_eq!(raise("c2:s2.1", token + 1000), [0, token + 1000]);
+    assert_eq!(token_of("c2:s2.1"), other);
     assert_eq!(token_of("c2:s2.1"), other);
     let counter: i64 = server.cmd(&["GET", tests::scripts::COUNTER]);
     assert_eq!(counter, token + 1000);

@@ -360,32 +360,60 @@ impl Shared {
 
         // The token is the highest any granting node handed out; every
         // granting node is raised to it, so any later majority sees it.
-        let fence = fresh.iter().map(|g| g.1).max().unwrap_or(0);
+        // A permit's raise is refused where another permit carries that
+        // token already (permits overlap; tokens stay unique per key): the
+        // token then goes above the highest counter that refused, and
+        // every granting node is raised again.
+        let mut at: Vec<Option<u64>> = fresh.iter().map(|g| Some(g.1)).collect();
+        let mut fence = fresh.iter().map(|g| g.1).max().unwrap_or(0);
         let timeout = self.node_timeout(lease);
-        let raised = join_all(fresh.iter().map(|&(i, f)| async move {
-            if f == fence {
-                return Ok(());
-            }
-            let fut = async {
-                let node = self.slots[i].node().await?;
-                match Mode::of(owner) {
-                    Mode::Permit(_) => node.raise_permit_fence(name, owner, fence).await,
-                    Mode::Write | Mode::Read => node.raise_fence(name, owner, fence).await,
+        let mut why: Vec<String> = Vec::new();
+        for _ in 0..RAISE_ROUNDS {
+            let raised = join_all(fresh.iter().zip(&at).map(|(&(i, _), &now)| async move {
+                if now == Some(fence) {
+                    return Ok(None);
                 }
-            };
-            match tokio::time::timeout(timeout, fut).await {
-                Ok(r) => r.map_err(|e| format!("{}: {e}", self.slots[i].url)),
-                Err(_) => Err(format!(
-                    "{}: no answer within {timeout:?}",
-                    self.slots[i].url
-                )),
+                let fut = async {
+                    let node = self.slots[i].node().await?;
+                    match Mode::of(owner) {
+                        Mode::Permit(_) => node.raise_permit_fence(name, owner, fence).await,
+                        Mode::Write | Mode::Read => {
+                            node.raise_fence(name, owner, fence).await.map(|()| None)
+                        }
+                    }
+                };
+                match tokio::time::timeout(timeout, fut).await {
+                    Ok(r) => r.map_err(|e| format!("{}: {e}", self.slots[i].url)),
+                    Err(_) => Err(format!(
+                        "{}: no answer within {timeout:?}",
+                        self.slots[i].url
+                    )),
+                }
+            }))
+            .await;
+            let mut above = None;
+            why.clear();
+            for (slot, r) in at.iter_mut().zip(raised) {
+                match r {
+                    Ok(None) => *slot = Some(fence),
+                    Ok(Some(counter)) => above = above.max(Some(counter)),
+                    Err(e) => {
+                        *slot = None;
+                        why.push(e);
+                    }
+                }
             }
-        }))
-        .await;
-        let carried = raised.iter().filter(|r| r.is_ok()).count();
+            match above {
+                Some(counter) => {
+                    fence = counter + 1;
+                    why.push(format!("the token was taken; {fence} next"));
+                }
+                None => break,
+            }
+        }
+        let carried = at.iter().filter(|&&t| t == Some(fence)).count();
         if carried < quorum {
             self.undo(name, owner, Wake::IfReleased).await;
-            let why: Vec<String> = raised.into_iter().filter_map(Result::err).collect();
             return Err(Fault::other(format!(
                 "Redlock: acquiring {what}: could not raise the fence token {fence} on {quorum} nodes: {}",
                 why.join("; ")
@@ -657,6 +685,12 @@ impl Shared {
         Ok(answers.into_iter().flatten().flatten().collect())
     }
 }
+
+/// How many times a permit's token is raised before the acquisition is
+/// given back: each refusal moves it above a counter that refused it, so a
+/// second round is rare and a third needs acquisitions racing on as many
+/// nodes.
+const RAISE_ROUNDS: usize = 4;
 
 /// What at least `quorum` of the nodes' views agree on: the holders their
 /// own quorum has (`holds_on`: a majority, or a permit's), the lease as

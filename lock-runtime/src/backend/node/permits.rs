@@ -199,23 +199,28 @@ impl RedisNode {
 
     /// Raise the token counter to at least `fence`, and `owner`'s permit to
     /// that token (Redlock: every granted node learns the token handed
-    /// out).
+    /// out). `Some(counter)`: refused, another permit here carries that
+    /// token already (tokens stay unique per key); a token above `counter`
+    /// is free here.
     #[allow(dead_code)] // The Redlock backend's (docs/SEMAPHORES.md).
     pub(crate) async fn raise_permit_fence(
         &self,
         name: &LockName,
         owner: &str,
         fence: u64,
-    ) -> Result<(), Fault> {
+    ) -> Result<Option<u64>, Fault> {
         let ttl = millis(self.settings.fence_ttl);
         let counter = self.counter(name);
-        let _: i64 = self
+        let reply: Vec<i64> = self
             .eval(
                 &scripts::RAISE_PERMIT_FENCE,
                 &[&name.hash, &counter],
                 &[Arg::Str(owner), Arg::Num(fence), Arg::Num(ttl)],
             )
             .await?;
-        Ok(())
+        Ok(match reply[..] {
+            [0, counter] => Some(counter.max(0) as u64),
+            _ => None,
+        })
     }
 }
