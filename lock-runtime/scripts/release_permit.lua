@@ -10,21 +10,33 @@
 --         waiters, which do not queue); 'f' a forced release (nothing
 --         differs for a permit)
 -- ARGV[3] how long the counter outlives its last use, in ms
--- Returns 1 released, 0 absent (its lease ended and another call counted
--- it out, it never held, or an earlier send of this release ran), -1 the
--- key is not a semaphore (a lock's string).
+-- Returns 1 released, 0 not held (its lease ended, it never held, or an
+-- earlier send of this release ran), -1 the key is not a semaphore (a
+-- lock's string).
 local sem, owner, flags = KEYS[1], ARGV[1], ARGV[2]
 local queue = KEYS[3] or sem .. ':queue'
 local waiters = KEYS[4] or sem .. ':waiters'
 
-local gone = redis.pcall('hdel', sem, owner)
-if type(gone) ~= 'number' then
+local t = redis.call('time')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local cur = redis.pcall('hget', sem, owner)
+if type(cur) == 'table' then
   if redis.call('hdel', waiters, owner) == 1 then
     redis.call('lrem', queue, 1, owner)
   end
   return -1
 end
-if gone == 0 and redis.call('hdel', waiters, owner) == 1 then
+-- An entry whose lease ended is no permit any more (renew_permits.lua
+-- says so too, and another call may have counted it out already): it
+-- goes, and the release says it was not held.
+local gone = 0
+if cur then
+  redis.call('hdel', sem, owner)
+  local ends = tonumber(string.match(cur, '^(%d+)'))
+  if ends and ends > now then
+    gone = 1
+  end
+elseif redis.call('hdel', waiters, owner) == 1 then
   -- A waiter giving up frees nothing; but at the head it may have held
   -- back waiters behind it that a smaller N of its own kept out (strict
   -- FIFO): they are served below.
@@ -34,8 +46,6 @@ if gone == 0 and redis.call('hdel', waiters, owner) == 1 then
     return 0
   end
 end
--- (An entry whose lease ended but that is still there was never counted
--- out: nobody took its place, and its release is a release.)
 local done = gone
 
 -- The fast path: nobody waits.
@@ -46,8 +56,6 @@ if redis.call('llen', queue) == 0 then
   return done
 end
 
-local t = redis.call('time')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- The next token of the slot (see acquire.lua): a waiter handed a permit.
 local function next_token()
   local token = tonumber(t[1]) * 1000000 + tonumber(t[2])

@@ -816,3 +816,40 @@ async fn permits_survive_a_sentinel_failover() {
         replica.keys(&format!("{hash}*"))
     );
 }
+
+/// `release_permit.lua` run by hand for `owner` with the default prefix.
+fn release_permit(server: &RedisServer, key: &str, owner: &str) -> i64 {
+    redis::Script::new(RELEASE_PERMIT)
+        .key(format!("lock:{{{key}}}"))
+        .key(tests::scripts::COUNTER)
+        .arg(owner)
+        .arg("")
+        .arg(tests::scripts::COUNTER_TTL_MS)
+        .invoke(&mut server.conn())
+        .expect("release_permit.lua")
+}
+
+/// A permit whose lease ended is no permit, also while its entry is still
+/// there (another holder keeps the hash): its release says it was not
+/// held (0), as a renewal would and as the in-memory backend does, and
+/// the entry goes. A live one's says 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn releasing_a_permit_whose_lease_ended_says_it_was_not_held() {
+    let server = RedisServer::start();
+    let key = unique("sem-ended");
+    assert_eq!(permit(&server, &key, "c1:s2.1", 30, "")[0], 1);
+    assert_eq!(permit(&server, &key, "c2:s2.1", 30_000, "")[0], 1);
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    let hash = format!("lock:{{{key}}}");
+    assert!(
+        server.cmd::<bool>(&["HEXISTS", &hash, "c1:s2.1"]),
+        "still there"
+    );
+    assert_eq!(
+        release_permit(&server, &key, "c1:s2.1"),
+        0,
+        "an ended permit released"
+    );
+    assert!(!server.cmd::<bool>(&["HEXISTS", &hash, "c1:s2.1"]));
+    assert_eq!(release_permit(&server, &key, "c2:s2.1"), 1);
+}
