@@ -81,15 +81,18 @@ end
 
 -- Hand free permits to the queue's head, in order (see release_permit.lua,
 -- which holds the same loop): stops at this owner, at a live head whose
--- own N the live holders fill, or after 256 heads or 32 grants. Returns
--- the live holders then, and whether a live waiter stays before this
--- owner (or may: the bound was reached).
+-- own N the live holders fill, at a live lock waiter (one key used both
+-- ways: it is served by its own next ask, once the permits are back), or
+-- after 256 heads or 32 grants. Returns the live holders then, whether a
+-- live waiter stays before this owner (or may), whether it stopped short
+-- at the bound (the next call goes on), and the error of a counter that
+-- is no integer.
 local function serve(live)
   local looked, told, deaf = 0, 0, {}
   while looked < 256 and told < 32 do
     local head = redis.call('lindex', queue, 0)
     if not head or head == owner then
-      return live, false
+      return live, false, false
     end
     local entry = redis.call('hget', waiters, head)
     local hl, untl, f
@@ -98,23 +101,26 @@ local function serve(live)
     end
     local n = tonumber(string.match(head, ':s(%d+)%.'))
     local client = string.match(head, '^[^:]*')
-    local alive = hl and tonumber(untl) > now and n and not deaf[client]
-    if alive and live >= n then
-      return live, true
+    local waiting = hl and tonumber(untl) > now and not deaf[client]
+    if waiting and (not n or live >= n) then
+      return live, true, false
+    end
+    local alive = waiting and n
+    -- The token before the head leaves the queue: a counter that is no
+    -- integer stops here, and the head keeps its place.
+    local token = '-'
+    if alive and f == 'f' then
+      local err
+      token, err = next_token()
+      if not token then
+        return live, true, true, err
+      end
     end
     redis.call('lpop', queue)
     redis.call('hdel', waiters, head)
     looked = looked + 1
     if alive then
       told = told + 1
-      local token = '-'
-      if f == 'f' then
-        local err
-        token, err = next_token()
-        if not token then
-          return live, true
-        end
-      end
       -- (The hold is written before the grant is announced.)
       redis.call('hset', sem, head, (now + tonumber(hl)) .. ' ' .. token)
       stretch(tonumber(hl))
@@ -136,7 +142,7 @@ local function serve(live)
       end
     end
   end
-  return live, true
+  return live, true, true
 end
 
 local held = redis.pcall('hlen', sem)
@@ -171,9 +177,12 @@ local live, ttl = held, nil
 if held >= permits or queued then
   live, ttl = count()
 end
-local blocked = false
+local blocked, short, err = false, false, nil
 if live < permits and queued then
-  live, blocked = serve(live)
+  live, blocked, short, err = serve(live)
+  if err then
+    return err
+  end
 end
 if live < permits and not blocked then
   local token = '-'
@@ -196,8 +205,11 @@ if live < permits and not blocked then
   return {1, tonumber(token) or 0}
 end
 
--- Busy: the earliest live lease is when a permit may come back unreleased.
-if not ttl then
+-- Busy: the earliest live lease is when a permit may come back unreleased;
+-- serving that stopped short goes on at the next ask, at once.
+if short then
+  ttl = 1
+elseif not ttl then
   local _
   _, ttl = count()
 end

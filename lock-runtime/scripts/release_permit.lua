@@ -104,10 +104,13 @@ while looked < 256 and told < 32 do
   end
   local n = tonumber(string.match(head, ':s(%d+)%.'))
   local client = string.match(head, '^[^:]*')
-  local alive = hl and tonumber(untl) > now and n and head ~= owner and not deaf[client]
-  if alive and live >= n then
+  local waiting = hl and tonumber(untl) > now and head ~= owner and not deaf[client]
+  -- (A live lock waiter, one key used both ways, stops it too: its own
+  -- next ask takes the key once the permits are back.)
+  if waiting and (not n or live >= n) then
     break
   end
+  local alive = waiting and n
   redis.call('lpop', queue)
   redis.call('hdel', waiters, head)
   looked = looked + 1

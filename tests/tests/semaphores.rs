@@ -853,3 +853,135 @@ async fn releasing_a_permit_whose_lease_ended_says_it_was_not_held() {
     assert!(!server.cmd::<bool>(&["HEXISTS", &hash, "c1:s2.1"]));
     assert_eq!(release_permit(&server, &key, "c2:s2.1"), 1);
 }
+
+/// One key used both ways. P2 waits for a permit; the permits lapse and a
+/// lock L takes the key; L2 queues behind P2. L's release hands no lock to
+/// P2 (a permit's waiter): P2 stays first and its own next ask takes a
+/// permit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_s_release_hands_no_lock_to_a_permit_waiter() {
+    let server = RedisServer::start();
+    let key = unique("sem-mixed");
+    let (hash, queue) = (format!("lock:{{{key}}}"), format!("lock:{{{key}}}:queue"));
+    assert_eq!(permit(&server, &key, "c1:s1.1", 30, "")[0], 1);
+    assert_eq!(permit(&server, &key, "c2:s1.1", 30_000, "60000")[0], 0);
+    // P2's client listens for its grant.
+    let mut listening = server.conn();
+    let mut sub = listening.as_pubsub();
+    sub.subscribe(format!("{hash}:granted:c2")).unwrap();
+    assert!(eventually(Duration::from_secs(2), || !server.exists(&hash)).await);
+    let clients = clients_of(&server, 2).await;
+    let l = clients[0].lock(&key).await.unwrap();
+    let l2 = tokio::spawn({
+        let (c, key) = (clients[1].clone(), key.clone());
+        async move { c.lock(&key).wait(Duration::from_secs(5)).await }
+    });
+    let q = queue.clone();
+    assert!(
+        eventually(Duration::from_secs(5), || server
+            .cmd::<usize>(&["LLEN", &q])
+            == 2)
+        .await
+    );
+    l.release().await.unwrap();
+    let value: Option<String> = server.cmd(&["GET", &hash]);
+    assert!(
+        !value.as_deref().unwrap_or("").starts_with("c2:s1.1"),
+        "a permit's waiter was handed the lock: {value:?}"
+    );
+    let head: Option<String> = server.cmd(&["LINDEX", &queue, "0"]);
+    assert_eq!(
+        head.as_deref(),
+        Some("c2:s1.1"),
+        "the permit's waiter stays first"
+    );
+    l2.abort();
+    let _ = l2.await;
+    assert_eq!(permit(&server, &key, "c2:s1.1", 30_000, "60000")[0], 1);
+    drop(sub);
+}
+
+/// One key used both ways: a live lock waiter at the head of the queue
+/// stops the serving of permits, as in memory; it is not dropped without
+/// a word while a permit waiter behind it is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_release_stops_at_a_lock_waiter_at_the_head() {
+    let server = RedisServer::start();
+    let key = unique("sem-lockhead");
+    let (hash, queue, waiters) = (
+        format!("lock:{{{key}}}"),
+        format!("lock:{{{key}}}:queue"),
+        format!("lock:{{{key}}}:waiters"),
+    );
+    assert_eq!(permit(&server, &key, "c1:s1.1", 30_000, "")[0], 1);
+    let until = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        + 60_000;
+    let _: () = server.cmd(&["RPUSH", &queue, "l9:5"]);
+    let _: () = server.cmd(&["HSET", &waiters, "l9:5", &format!("30000 {until} f")]);
+    assert_eq!(permit(&server, &key, "c3:s1.1", 30_000, "60000")[0], 0);
+    assert_eq!(release_permit(&server, &key, "c1:s1.1"), 1);
+    let head: Option<String> = server.cmd(&["LINDEX", &queue, "0"]);
+    assert_eq!(
+        head.as_deref(),
+        Some("l9:5"),
+        "the lock's waiter was dropped"
+    );
+    assert!(
+        !server.cmd::<bool>(&["HEXISTS", &hash, "c3:s1.1"]),
+        "a permit served past a lock's waiter"
+    );
+}
+
+/// Serving that stops at its bound (256 heads a call) tells the asker to
+/// ask again at once, not at the earliest lease end of a live holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serving_stopped_at_its_bound_says_ask_again_at_once() {
+    let server = RedisServer::start();
+    let key = unique("sem-bound");
+    let queue = format!("lock:{{{key}}}:queue");
+    assert_eq!(permit(&server, &key, "c1:s2.1", 30_000, "")[0], 1);
+    let dead: Vec<String> = (0..300).map(|i| format!("d{i}:s2.1")).collect();
+    let mut args = vec!["RPUSH", queue.as_str()];
+    args.extend(dead.iter().map(String::as_str));
+    let _: () = server.cmd(&args);
+    let _: () = server.cmd(&["PEXPIRE", &queue, "60000"]);
+    let busy = permit(&server, &key, "c5:s2.1", 30_000, "");
+    assert_eq!(busy[0], 0, "{busy:?}");
+    assert!(busy[1] <= 1, "ask again in {} ms", busy[1]);
+    // The next ask goes on, and admits.
+    assert_eq!(permit(&server, &key, "c5:s2.1", 30_000, "")[0], 1);
+}
+
+/// A counter that is no integer: serving stops before the head leaves the
+/// queue (it keeps its place), and the asker hears the error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_counter_drops_no_waiter() {
+    let server = RedisServer::start();
+    let key = unique("sem-counter");
+    let queue = format!("lock:{{{key}}}:queue");
+    assert_eq!(permit(&server, &key, "c1:s1.1", 30, "")[0], 1);
+    assert_eq!(permit(&server, &key, "c2:s1.1", 30_000, "60000")[0], 0);
+    // c1's permit lapses: c2 is admissible, and the next ask serves it.
+    let hash = format!("lock:{{{key}}}");
+    assert!(eventually(Duration::from_secs(2), || !server.exists(&hash)).await);
+    let _: () = server.cmd(&["SET", tests::scripts::COUNTER, "not-a-number"]);
+    let asked = redis::Script::new(PERMIT)
+        .key(format!("lock:{{{key}}}"))
+        .key(tests::scripts::COUNTER)
+        .arg("c3:s1.1")
+        .arg(30_000)
+        .arg("")
+        .arg("f")
+        .arg(tests::scripts::COUNTER_TTL_MS)
+        .invoke::<Vec<i64>>(&mut server.conn());
+    assert!(asked.is_err(), "{asked:?}");
+    let head: Option<String> = server.cmd(&["LINDEX", &queue, "0"]);
+    assert_eq!(
+        head.as_deref(),
+        Some("c2:s1.1"),
+        "the waiter lost its place"
+    );
+}
