@@ -1,6 +1,7 @@
 -- Read one semaphore for an operator, in one consistent view; writes
--- nothing. KEYS[1] the semaphore (a hash, see permit.lua); its waiters are
--- KEYS[1] .. ':waiters'.
+-- nothing. KEYS[1] the semaphore (a hash, see permit.lua), KEYS[2] its
+-- waiters (declared, so that a Cluster slot on the move refuses the whole
+-- call; KEYS[1] .. ':waiters' if left out).
 -- Returns {what, ms until the longest live lease ends, the highest live
 -- token or '', live waiters, {live holder ids}}: what is 'held' (a hash),
 -- 'free' (no key) or the Redis type of a key that is not a semaphore.
@@ -8,7 +9,7 @@ local kind = redis.call('type', KEYS[1])['ok']
 local t = redis.call('time')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local waiting = 0
-local entries = redis.pcall('hgetall', KEYS[1] .. ':waiters')
+local entries = redis.pcall('hgetall', KEYS[2] or KEYS[1] .. ':waiters')
 if entries.err then
   entries = {}
 end

@@ -4,7 +4,8 @@
 -- its queue and waiters (declared on a Redis Cluster only; else made from
 -- KEYS[1]), the very ones locks use.
 -- ARGV[1] owner id "<client id>:s<N>.<n>": N is how many holders this
--- request admits
+-- request admits (read after the first ':', as `Mode::of` does; client
+-- ids have none)
 -- ARGV[2] lease in ms
 -- ARGV[3] if busy: '' = just say so; '<ms>' = queue for that long;
 --         'w<ms>' = Redlock: do not queue
@@ -17,7 +18,7 @@
 -- holder's lease ends, queued at (server ms, 0 = not queued)} busy.
 -- Token 0: none.
 local sem, owner, lease, stay = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
-local permits = tonumber(string.match(owner, ':s(%d+)%.'))
+local permits = tonumber(string.match(owner, '^[^:]*:s(%d+)%.'))
 if not permits or permits < 1 then
   return redis.error_reply('not a permit owner id: ' .. owner)
 end
@@ -99,7 +100,7 @@ local function serve(live)
     if entry then
       hl, untl, f = string.match(entry, '^(%d+) (%d+) ?(%S*)$')
     end
-    local n = tonumber(string.match(head, ':s(%d+)%.'))
+    local n = tonumber(string.match(head, '^[^:]*:s(%d+)%.'))
     local client = string.match(head, '^[^:]*')
     local waiting = hl and tonumber(untl) > now and not deaf[client]
     if waiting and (not n or live >= n) then

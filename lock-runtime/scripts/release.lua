@@ -119,7 +119,7 @@ local function next_waiter(readers_only)
       -- (Never back to the releasing owner: an entry it left by an
       -- attempt whose answer was lost.)
       local live = lease and head ~= owner and tonumber(untl) > now_ms
-      if live and string.find(head, ':s%d+%.') then
+      if live and string.find(head, '^[^:]*:s%d+%.') then
         -- A semaphore's waiter (one key used both ways) is handed no
         -- lock: it stays first, and its own next ask takes a permit.
         redis.call('lpush', queue, head)

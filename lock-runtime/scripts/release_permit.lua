@@ -102,7 +102,7 @@ while looked < 256 and told < 32 do
   if entry then
     hl, untl, f = string.match(entry, '^(%d+) (%d+) ?(%S*)$')
   end
-  local n = tonumber(string.match(head, ':s(%d+)%.'))
+  local n = tonumber(string.match(head, '^[^:]*:s(%d+)%.'))
   local client = string.match(head, '^[^:]*')
   local waiting = hl and tonumber(untl) > now and head ~= owner and not deaf[client]
   -- (A live lock waiter, one key used both ways, stops it too: its own

@@ -985,3 +985,49 @@ async fn a_broken_counter_drops_no_waiter() {
         "the waiter lost its place"
     );
 }
+
+/// `inspect_permits.lua` reads the waiters it is given as KEYS[2] (every
+/// key a script reads is declared: a Cluster slot on the move then
+/// refuses the whole call).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspecting_a_semaphore_reads_only_declared_keys() {
+    let server = RedisServer::start();
+    let key = unique("sem-inspect");
+    let declared = format!("lock:{{{key}}}:elsewhere");
+    let until = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        + 60_000;
+    let _: () = server.cmd(&["HSET", &declared, "c1:s2.1", &format!("30000 {until}")]);
+    let seen: (String, i64, String, i64, Vec<String>) = redis::Script::new(include_str!(
+        "../../lock-runtime/scripts/inspect_permits.lua"
+    ))
+    .key(format!("lock:{{{key}}}"))
+    .key(&declared)
+    .invoke(&mut server.conn())
+    .unwrap();
+    assert_eq!(seen.3, 1, "waiters read from an undeclared key: {seen:?}");
+}
+
+/// The scripts read an owner id's mode after its first ':', as the client
+/// does (`Mode::of`): an id whose client part has a ':' is no permit to
+/// either (client ids have none).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_owner_id_is_read_after_its_first_colon() {
+    let server = RedisServer::start();
+    let key = unique("sem-colon");
+    let asked = redis::Script::new(PERMIT)
+        .key(format!("lock:{{{key}}}"))
+        .key(tests::scripts::COUNTER)
+        .arg("a:b:s2.1")
+        .arg(30_000)
+        .arg("")
+        .arg("f")
+        .arg(tests::scripts::COUNTER_TTL_MS)
+        .invoke::<Vec<i64>>(&mut server.conn());
+    assert!(
+        asked.is_err(),
+        "a writer's id taken for a permit's: {asked:?}"
+    );
+}

@@ -180,7 +180,11 @@ impl RedisNode {
     /// What this server holds of the semaphore (`inspect_permits.lua`).
     pub(crate) async fn inspect_permits(&self, name: &LockName) -> Result<Seen, Fault> {
         let (what, pttl, token, waiters, holders): (String, i64, String, i64, Vec<String>) = self
-            .eval(&scripts::INSPECT_PERMITS, &[&name.hash], &[])
+            .eval(
+                &scripts::INSPECT_PERMITS,
+                &[&*name.hash, &name.waiters()],
+                &[],
+            )
             .await?;
         if what != "held" && what != "free" {
             return Err(Fault::other(format!(
