@@ -66,7 +66,7 @@ impl Locking {
 
     /// The worker's `SETTINGS`, for worker `id`.
     fn arg(&self, id: u32) -> String {
-        let permits = if self.other_permits > 0 && id % 4 == 0 {
+        let permits = if self.other_permits > 0 && id.is_multiple_of(4) {
             self.other_permits
         } else {
             self.permits
