@@ -136,7 +136,8 @@
 //! With the `metrics` feature, through the
 //! [`metrics`](https://docs.rs/metrics) facade, each with the label `lock`
 //! (the attribute's key template as written, or [`LockRequest::name`],
-//! default `"manual"`; never the formatted key):
+//! default `"manual"`; never the formatted key) and the label `mode`
+//! (`"write"`, `"read"` or `"semaphore"`):
 //! `distributed_lock_acquired_total` (fresh acquisitions, not reentries),
 //! `distributed_lock_busy_total` (gave up busy: `Timeout`, skipped),
 //! `distributed_lock_lost_total` (holds lost while held),

@@ -726,3 +726,149 @@ async fn raising_a_permits_token_only_raises() {
     let counter: i64 = server.cmd(&["GET", tests::scripts::COUNTER]);
     assert_eq!(counter, token + 1000, "the counter was lowered");
 }
+
+/// Sentinel: permits granted before the primary dies are on the replica
+/// (checked before the kill: without `replica_acks`, which the one replica
+/// could not give once it is the primary), so after the failover their
+/// holders keep them (renewed on the new primary), the semaphore still
+/// admits no more than N, and a waiter parked on the old primary is handed
+/// a returned permit on the new one; nothing is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permits_survive_a_sentinel_failover() {
+    tests::init_tracing();
+    let mut primary = RedisServer::start();
+    let replica = start_replica(primary.port());
+    wait_replicas_online(&primary, 1, Duration::from_secs(10));
+    let sentinels = Sentinels::start(3, "semfo", &primary, Timing::default());
+    sentinels.wait_ready(1, Duration::from_secs(20));
+    let patient = || builder().retry_delay(Duration::from_secs(30));
+    let client = patient().sentinel(sentinels.urls(), "semfo").await.unwrap();
+    let waiting = patient().sentinel(sentinels.urls(), "semfo").await.unwrap();
+    let key = unique("sem-failover");
+    let hash = format!("lock:{{{key}}}");
+    let lease = Duration::from_secs(10);
+    let a = client.semaphore(&key, 2).lease(lease).await.unwrap();
+    let b = client.semaphore(&key, 2).lease(lease).await.unwrap();
+    let waiter = {
+        let (c, key) = (waiting.clone(), key.clone());
+        tokio::spawn(async move {
+            c.semaphore(&key, 2)
+                .lease(lease)
+                .wait(Duration::from_secs(60))
+                .await
+        })
+    };
+    assert!(eventually(Duration::from_secs(5), || waiting.waiting_here(&key) == 1).await);
+    let replicated = eventually(Duration::from_secs(5), || {
+        replica.cmd::<i64>(&["HLEN", &hash]) == 2
+            && replica.cmd::<i64>(&["LLEN", &format!("{hash}:queue")]) == 1
+    });
+    assert!(replicated.await, "the permits never reached the replica");
+    let old = primary.port();
+    primary.kill();
+    assert_eq!(
+        sentinels.wait_failover(old, Duration::from_secs(20)),
+        replica.port()
+    );
+    // Still two permits held, and room for no third.
+    let third = loop {
+        match client.semaphore(&key, 2).wait(Duration::ZERO).await {
+            Err(LockError::Backend(_)) => tokio::time::sleep(Duration::from_millis(50)).await,
+            other => break other,
+        }
+    };
+    assert!(matches!(third, Err(LockError::Timeout { .. })), "{third:?}");
+    let holders: i64 = replica.cmd(&["HLEN", &hash]);
+    assert_eq!(holders, 2);
+    assert!(!a.is_lost() && !b.is_lost());
+    assert!(
+        !waiter.is_finished(),
+        "the waiter gave up: {:?}",
+        waiter.await
+    );
+    // Time for the waiter to notice the failover and listen again.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let released = Instant::now();
+    a.release()
+        .await
+        .expect("a replicated permit survived the failover");
+    let handed = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter was not handed the permit after the failover")
+        .unwrap()
+        .unwrap();
+    println!(
+        "after a failover, a returned permit reached the waiter in {:?}",
+        released.elapsed()
+    );
+    assert!(released.elapsed() < Duration::from_secs(3));
+    b.release().await.unwrap();
+    handed.release().await.unwrap();
+    assert!(
+        eventually(Duration::from_secs(5), || replica
+            .keys(&format!("{hash}*"))
+            .is_empty())
+        .await,
+        "left: {:?}",
+        replica.keys(&format!("{hash}*"))
+    );
+}
+
+/// Contention while one reply in five to every command of one client is
+/// lost (the command ran; the connection is cut): never more than N bodies
+/// inside, every release lands, nothing is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contention_under_random_reply_loss_never_makes_n_plus_one() {
+    tests::init_tracing();
+    let server = RedisServer::start();
+    let proxy = Proxy::for_server(&server);
+    proxy.spare_pubsub();
+    let lossy = builder().connect(&proxy.url()).await.unwrap();
+    let rival = builder().connect(&server.url()).await.unwrap();
+    let d = on_one_redis(&server, vec![lossy.clone(), rival.clone()]);
+    let key = unique("sem-lossy-contended");
+    const N: u32 = 2;
+    let inside = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    proxy.lose_replies(b"", 0.2);
+    let mut tasks = Vec::new();
+    for t in 0..6usize {
+        let c = if t % 2 == 0 {
+            lossy.clone()
+        } else {
+            rival.clone()
+        };
+        let (key, inside) = (key.clone(), inside.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut done = 0;
+            for _ in 0..10 {
+                let g = match c.semaphore(&key, N).wait(Duration::from_secs(30)).await {
+                    Ok(g) => g,
+                    // A call whose every send lost its answer, within its
+                    // operation timeout: a backend error, never a permit.
+                    Err(LockError::Backend(_)) => continue,
+                    Err(e) => panic!("{e}"),
+                };
+                let n = inside.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                assert!(n <= N as usize, "{n} inside a semaphore of {N}");
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                inside.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                if let Err(e) = g.release().await {
+                    panic!("a release failed: {e}");
+                }
+                done += 1;
+            }
+            done
+        }));
+    }
+    let mut done = 0;
+    for t in tasks {
+        done += t.await.unwrap();
+    }
+    proxy.lose_replies(b"", 0.0);
+    println!(
+        "{done} of 60 bodies ran, {} replies lost",
+        proxy.replies_lost()
+    );
+    assert!(proxy.replies_lost() > 0 && done > 30);
+    d.assert_nothing_left(&key).await;
+}
