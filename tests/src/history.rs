@@ -50,8 +50,10 @@
 //! **Permits.** A semaphore call records its `permits` with its attempt
 //! (`attempt_permits`) and its grant as `acquired_permit`. Permit holders
 //! of a key are not judged in pairs: at each admission, the holders then
-//! (the new one included) must number no more than the new call's own
-//! `permits`. A holder that is not confirmed is left out of the count
+//! that were granted before it (a lower token) and itself must number no
+//! more than its own `permits`, and for each n the holders of an N ≤ n no
+//! more than n (calls that disagree on N: one of a larger N may be granted
+//! later and come back first). A holder that is not confirmed is left out of the count
 //! while its permit may have lapsed in Redis: wiped, told lost within
 //! `slop`, as above, and, paused, from two thirds of a lease (less `slop`)
 //! after its pause began: the watchdog renews every third of a lease, so
@@ -851,7 +853,10 @@ pub fn trace(history: &History, ops: &[(u32, u64)]) -> String {
 /// At every admission of a permit holder of `key`, the holders then
 /// (itself included, those `excuse` lets off left out) must be no more
 /// than the call's own `permits`: a request is admitted while fewer than
-/// its own limit hold. Counting at admissions is enough, as a count only
+/// its own limit hold. Where calls disagree on N, holders of a larger N may
+/// be admitted later and come back first, so what is bounded is, for each
+/// n, the holders of an N ≤ n: at most n (each was admitted while fewer
+/// than its N ≤ n held). Counting at admissions is enough, as a count only
 /// rises there.
 fn check_permits(
     r: &mut Report,
@@ -881,7 +886,34 @@ fn check_permits(
         r.max_permit_holders.0 = r.max_permit_holders.0.max(counted.len() as u64);
         r.max_permit_holders.1 = r.max_permit_holders.1.max(all);
         let limit = b.permits.unwrap_or(1);
-        if counted.len() as u64 > limit {
+        let before = counted.iter().filter(|i| i.fence <= b.fence).count() as u64;
+        let over = if before > limit {
+            Some((limit, before, "granted before it"))
+        } else {
+            counted
+                .iter()
+                .filter_map(|i| i.permits)
+                .filter(|&n| n >= limit)
+                .find_map(|n| {
+                    let within = counted
+                        .iter()
+                        .filter(|i| i.permits.unwrap_or(1) <= n)
+                        .count() as u64;
+                    (within > n).then_some((n, within, "of N ≤ that at once"))
+                })
+        };
+        if let Some((limit, held, how)) = over {
+            let by_token = how == "granted before it";
+            let counted: Vec<&Interval> = counted
+                .into_iter()
+                .filter(|i| {
+                    if by_token {
+                        i.fence <= b.fence
+                    } else {
+                        i.permits.unwrap_or(1) <= limit
+                    }
+                })
+                .collect();
             let who: Vec<String> = counted
                 .iter()
                 .map(|i| {
@@ -892,8 +924,7 @@ fn check_permits(
                 })
                 .collect();
             let m = format!(
-                "key {key}: {} permit holders at once, {limit} allowed to proc {} op {}: {}",
-                counted.len(),
+                "key {key}: {held} permit holders {how}, {limit} allowed, admitting proc {} op {}: {}",
                 b.proc_id,
                 b.op,
                 who.join(", ")
@@ -2135,13 +2166,26 @@ mod tests {
         three.extend(permit(4, 50, 60, 4, 2, Kind::Released));
         let r = check(&h(three), &cfg());
         assert_eq!(r.over_permits.len(), 1, "{r:?}");
-        assert!(r.over_permits[0].contains("3 permit holders at once, 2 allowed"));
+        assert!(
+            r.over_permits[0].contains("3 permit holders granted before it, 2 allowed"),
+            "{}",
+            r.over_permits[0]
+        );
         assert_eq!(r.culprits[0].ops.len(), 3);
         // A request with a larger limit is admitted beside two of N = 2;
         // one of N = 1 is not.
         let mut wider = two.clone();
         wider.extend(permit(5, 50, 60, 5, 3, Kind::Released));
-        assert!(check(&h(wider), &cfg()).violations().is_empty());
+        assert!(check(&h(wider.clone()), &cfg()).violations().is_empty());
+        // ... and one of N = 2 granted before it may come back after it.
+        let mut late = wider.clone();
+        late.retain(|e| e.proc_id != 2);
+        late.extend(permit(2, 55, 110, 2, 2, Kind::Released));
+        assert!(check(&h(late), &cfg()).violations().is_empty());
+        // But never four, nor a third of N = 2 beside the one of N = 3.
+        let mut four = wider;
+        four.extend(permit(7, 52, 58, 7, 3, Kind::Released));
+        assert_eq!(check(&h(four), &cfg()).over_permits.len(), 1);
         let mut narrower = two;
         narrower.extend(permit(6, 150, 160, 6, 1, Kind::Released));
         assert_eq!(check(&h(narrower), &cfg()).over_permits.len(), 1);

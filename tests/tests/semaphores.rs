@@ -1031,3 +1031,62 @@ async fn a_permit_owner_id_is_read_after_its_first_colon() {
         "a writer's id taken for a permit's: {asked:?}"
     );
 }
+
+/// Contention while one reply in five to every command of one client is
+/// lost (the command ran; the connection is cut): never more than N bodies
+/// inside, every release lands, nothing is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contention_under_random_reply_loss_never_makes_n_plus_one() {
+    tests::init_tracing();
+    let server = RedisServer::start();
+    let proxy = Proxy::for_server(&server);
+    proxy.spare_pubsub();
+    let lossy = builder().connect(&proxy.url()).await.unwrap();
+    let rival = builder().connect(&server.url()).await.unwrap();
+    let d = on_one_redis(&server, vec![lossy.clone(), rival.clone()]);
+    let key = unique("sem-lossy-contended");
+    const N: u32 = 2;
+    let inside = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    proxy.lose_replies(b"", 0.2);
+    let mut tasks = Vec::new();
+    for t in 0..6usize {
+        let c = if t % 2 == 0 {
+            lossy.clone()
+        } else {
+            rival.clone()
+        };
+        let (key, inside) = (key.clone(), inside.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut done = 0;
+            for _ in 0..10 {
+                let g = match c.semaphore(&key, N).wait(Duration::from_secs(30)).await {
+                    Ok(g) => g,
+                    // A call whose every send lost its answer, within its
+                    // operation timeout: a backend error, never a permit.
+                    Err(LockError::Backend(_)) => continue,
+                    Err(e) => panic!("{e}"),
+                };
+                let n = inside.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                assert!(n <= N as usize, "{n} inside a semaphore of {N}");
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                inside.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                if let Err(e) = g.release().await {
+                    panic!("a release failed: {e}");
+                }
+                done += 1;
+            }
+            done
+        }));
+    }
+    let mut done = 0;
+    for t in tasks {
+        done += t.await.unwrap();
+    }
+    proxy.lose_replies(b"", 0.0);
+    println!(
+        "{done} of 60 bodies ran, {} replies lost",
+        proxy.replies_lost()
+    );
+    assert!(proxy.replies_lost() > 0 && done > 30);
+    d.assert_nothing_left(&key).await;
+}

@@ -36,6 +36,7 @@ const LOCKING: Locking = Locking {
     read_pct: 0,
     long_hold_ms: 3_000,
     permits: 0,
+    other_permits: 0,
 };
 
 /// `replica_acks` of the fleet that has them: one of the two replicas.
