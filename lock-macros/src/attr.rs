@@ -4,10 +4,9 @@ use std::time::Duration;
 
 use proc_macro2::Span;
 use syn::meta::ParseNestedMeta;
-use syn::{Expr, ExprLit, Lit, LitStr, Path};
+use syn::{Expr, ExprLit, Lit, LitInt, LitStr, Path};
 
-const OPTIONS: &str =
-    "key, keys, mode, lease, wait, on_lost, on_busy, min_hold, max_hold, fence, client, crate";
+const OPTIONS: &str = "key, keys, mode, permits, lease, wait, on_lost, on_busy, min_hold, max_hold, fence, client, crate";
 
 /// The attribute's options, validated.
 pub(crate) struct Args {
@@ -16,6 +15,8 @@ pub(crate) struct Args {
     pub(crate) more_keys: Vec<LitStr>,
     /// `mode = "read"`: a shared lock.
     pub(crate) read: bool,
+    /// `permits = N`: a semaphore of N permits (never 0).
+    pub(crate) permits: Option<u32>,
     pub(crate) lease: Option<Duration>,
     pub(crate) wait: Option<Duration>,
     pub(crate) on_lost_continue: bool,
@@ -35,7 +36,8 @@ pub(crate) struct Args {
 struct Builder {
     key: Option<LitStr>,
     keys: Option<Vec<LitStr>>,
-    mode: Option<bool>,
+    mode: Option<(bool, LitStr)>,
+    permits: Option<(u32, LitInt)>,
     lease: Option<Duration>,
     wait: Option<Duration>,
     on_lost: Option<bool>,
@@ -52,6 +54,27 @@ impl Args {
         let mut b = Builder::default();
         let parser = syn::meta::parser(|meta| b.option(meta));
         syn::parse::Parser::parse2(parser, tokens)?;
+        if let Some((_, lit)) = &b.permits {
+            // Spanned on the permits, the option that changes what kind
+            // of lock this is.
+            if b.keys.is_some() {
+                return Err(syn::Error::new(
+                    lit.span(),
+                    "`permits` goes with one `key`, not `keys`: a semaphore limits the holders of one key; \
+                     use `key = \"...\"`, or drop `permits` for a lock on all of `keys`",
+                ));
+            }
+            if let Some((_, mode)) = &b.mode {
+                return Err(syn::Error::new(
+                    lit.span(),
+                    format!(
+                        "`permits` cannot go with `mode = {:?}`: a semaphore admits up to `permits` holders, \
+                         none of them readers or writers; keep one of the two",
+                        mode.value()
+                    ),
+                ));
+            }
+        }
         let (key, more_keys) = match (b.key, b.keys) {
             (Some(key), None) => (key, Vec::new()),
             (None, Some(mut keys)) => (keys.remove(0), keys),
@@ -86,7 +109,8 @@ impl Args {
         Ok(Args {
             key,
             more_keys,
-            read: b.mode.unwrap_or(false),
+            read: b.mode.is_some_and(|(read, _)| read),
+            permits: b.permits.map(|(n, _)| n),
             lease: b.lease,
             wait: b.wait,
             on_lost_continue: b.on_lost.unwrap_or(false),
@@ -112,6 +136,41 @@ fn string(meta: &ParseNestedMeta, name: &str, example: &str) -> syn::Result<LitS
             format!("`{name}` takes a string literal, e.g. `{name} = {example}`"),
         )),
     }
+}
+
+/// The value of `permits = N`: a literal, so that a zero or a number
+/// out of range is an error here, spanned on it.
+fn permits(meta: &ParseNestedMeta) -> syn::Result<(u32, LitInt)> {
+    let example = "e.g. `permits = 4` (at most 4 holders at once)";
+    let expr: Expr = meta.value()?.parse()?;
+    let lit = match expr {
+        Expr::Lit(ExprLit {
+            lit: Lit::Int(lit), ..
+        }) => lit,
+        other => {
+            return Err(syn::Error::new_spanned(
+                other,
+                format!("`permits` takes a positive integer literal, {example}; for a number known only at run time, call `client.semaphore(key, n)`"),
+            ))
+        }
+    };
+    let n: u32 = lit.base10_parse().map_err(|_| {
+        syn::Error::new(
+            lit.span(),
+            format!(
+                "`permits = {}` does not fit in a `u32`; at most {} permits",
+                lit.base10_digits(),
+                u32::MAX
+            ),
+        )
+    })?;
+    if n == 0 {
+        return Err(syn::Error::new(
+            lit.span(),
+            "`permits` must be at least 1; with 0 permits no one could ever hold the key",
+        ));
+    }
+    Ok((n, lit))
 }
 
 fn duration(lit: &LitStr, name: &str, allow_zero: bool) -> syn::Result<Duration> {
@@ -233,7 +292,19 @@ impl Builder {
                         ))
                     }
                 };
-                once(&mut self.mode, &meta, "mode", read)
+                once(&mut self.mode, &meta, "mode", (read, lit))
+            }
+            "permits" => {
+                let (n, lit) = permits(&meta)?;
+                if self.permits.is_some() {
+                    // On the second value: the one to take out.
+                    return Err(syn::Error::new(
+                        lit.span(),
+                        "`permits` is given twice; keep one",
+                    ));
+                }
+                self.permits = Some((n, lit));
+                Ok(())
             }
             "on_busy" => {
                 let lit = string(&meta, "on_busy", "\"skip\"")?;
@@ -328,6 +399,12 @@ fn suggestion(given: &str) -> Option<(&'static str, &'static str)> {
         ("with_client", "client", ""),
         ("shared", "mode", " = \"read\""),
         ("read", "mode", " = \"read\""),
+        ("limit", "permits", ""),
+        ("max_concurrent", "permits", ""),
+        ("concurrency", "permits", ""),
+        ("max_holders", "permits", ""),
+        ("max_concurrency", "permits", ""),
+        ("semaphore", "permits", " (a semaphore of N permits)"),
     ];
     if let Some((_, name, why)) = known.iter().find(|(alias, _, _)| *alias == lower) {
         return Some((name, why));
@@ -412,7 +489,8 @@ mod tests {
         assert!(e(quote!(key = "k", lease = "soon")).contains("not a duration"));
         assert!(e(quote!(key = "k", lease = "10us")).contains("1 ms"));
         assert!(e(quote!(key = "k", on_lost = "retry")).contains("\"abort\""));
-        assert!(e(quote!(key = "k", ttl = "1s")).contains("valid options: key, keys, mode, lease"));
+        assert!(e(quote!(key = "k", ttl = "1s"))
+            .contains("valid options: key, keys, mode, permits, lease"));
         assert!(e(quote!(key = "k", ttl = "1s")).contains("did you mean `lease`"));
         assert!(e(quote!(key = "k", wiat = "1s")).contains("did you mean `wait`"));
         assert!(e(quote!(key = "k", timeout = "1s")).contains("did you mean `wait`"));
@@ -435,6 +513,34 @@ mod tests {
             e(quote!(key = "k", client = a.locks, client = b)).contains("`client` is given twice")
         );
         assert!(e(quote!(key = "k", lock_client = a)).contains("did you mean `client`"));
+    }
+
+    #[test]
+    fn permits_make_a_semaphore_of_one_key() {
+        let a = Args::parse(quote!(key = "render:{tenant}", permits = 4, lease = "10s")).unwrap();
+        assert_eq!(a.permits, Some(4));
+        assert!(!a.read);
+        assert_eq!(Args::parse(quote!(key = "k")).unwrap().permits, None);
+        let max = Args::parse(quote!(key = "k", permits = 4_294_967_295u32)).unwrap();
+        assert_eq!(max.permits, Some(u32::MAX));
+    }
+
+    #[test]
+    fn rejects_bad_permits() {
+        let e = |t| Args::parse(t).err().unwrap().to_string();
+        assert!(e(quote!(key = "k", permits = 0)).contains("at least 1"));
+        assert!(e(quote!(key = "k", permits = 4_294_967_296)).contains("does not fit in a `u32`"));
+        assert!(e(quote!(key = "k", permits = -1)).contains("positive integer literal"));
+        assert!(e(quote!(key = "k", permits = "4")).contains("positive integer literal"));
+        assert!(e(quote!(key = "k", permits = N)).contains("client.semaphore(key, n)"));
+        assert!(e(quote!(key = "k", permits = 2.0)).contains("positive integer literal"));
+        assert!(e(quote!(key = "k", permits = 2, permits = 3)).contains("`permits` is given twice"));
+        assert!(e(quote!(keys = ["a", "b"], permits = 2)).contains("not `keys`"));
+        assert!(e(quote!(key = "k", mode = "read", permits = 2)).contains("`mode = \"read\"`"));
+        assert!(e(quote!(key = "k", permits = 2, mode = "write")).contains("`mode = \"write\"`"));
+        assert!(e(quote!(key = "k", limit = 2)).contains("did you mean `permits`"));
+        assert!(e(quote!(key = "k", permit = 2)).contains("did you mean `permits`"));
+        assert!(e(quote!(key = "k", semaphore = 2)).contains("did you mean `permits`"));
     }
 
     #[test]

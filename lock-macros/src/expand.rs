@@ -64,12 +64,19 @@ pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
     // Metrics and spans name the lock by its template(s), never the key.
     let names: Vec<String> = keys.iter().map(|(lit, _)| lit.value()).collect();
     let template_name = syn::LitStr::new(&names.join(", "), args.key.span());
-    let (key_value, lock_method) = match (key_exprs.len(), args.read) {
-        (1, false) => (key_exprs[0].clone(), quote!(lock)),
-        (1, true) => (key_exprs[0].clone(), quote!(read_lock)),
-        (_, false) => (quote!([#(#key_exprs),*]), quote!(lock_all)),
-        (_, true) => (quote!([#(#key_exprs),*]), quote!(read_lock_all)),
+    // `permits` comes with one key and no `mode` (checked by `Args`).
+    let (key_value, lock_method) = match (key_exprs.len(), args.read, args.permits) {
+        (1, _, Some(_)) => (key_exprs[0].clone(), quote!(semaphore)),
+        (1, false, _) => (key_exprs[0].clone(), quote!(lock)),
+        (1, true, _) => (key_exprs[0].clone(), quote!(read_lock)),
+        (_, false, _) => (quote!([#(#key_exprs),*]), quote!(lock_all)),
+        (_, true, _) => (quote!([#(#key_exprs),*]), quote!(read_lock_all)),
     };
+    // The semaphore's second argument: `client.semaphore(key, 4)`.
+    let permits = args.permits.map(|n| {
+        let n = proc_macro2::Literal::u32_unsuffixed(n);
+        quote!(, #n)
+    });
     let millis = |method: &str, d: Option<std::time::Duration>| match d {
         // Sub-millisecond waits round up: "try once" stays zero.
         Some(d) => {
@@ -173,7 +180,7 @@ pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
         };
         match #client {
             ::core::result::Result::Ok(#client) => match #client
-                .#lock_method(#key_var)
+                .#lock_method(#key_var #permits)
                 .name(#template_name)
                 .on_lost(#on_lost)
                 #lease

@@ -22,6 +22,13 @@ mod key_template;
 ///   none (taken in sorted order, so no deadlock); instead of `key`.
 /// - `mode`: `"write"` (default, exclusive) or `"read"` (shared with other
 ///   readers; a waiting writer keeps new readers out).
+/// - `permits = N`: a semaphore instead of a lock: at most N bodies hold
+///   the key at once, across every client and process (the call is
+///   `client.semaphore(key, N)`); each permit has its own lease and fencing
+///   token, and waiters are served in order. N is a positive integer
+///   literal that fits in a `u32`, checked at compile time (a `const` is not
+///   accepted; for an N known only at run time, call `client.semaphore`).
+///   Goes with one `key`, not with `keys` or `mode`.
 /// - `lease`: Redis TTL, renewed every lease/3 while the body runs. Default:
 ///   the client's (30 s).
 /// - `wait`: how long to wait for a busy lock before `Err(Timeout)`; `"0s"`

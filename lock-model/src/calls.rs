@@ -16,9 +16,9 @@ pub struct Call {
     pub args: Vec<String>,
 }
 
-/// The names of lock `k`, as `key.rs` makes them: the lock, the token
-/// counter (one per server: `LockName::counter(false)`), the queue, the
-/// waiters and the readers.
+/// The names of lock `k`, as `key.rs` makes them: the lock (or the
+/// semaphore's hash), the token counter (one per server:
+/// `LockName::counter(false)`), the queue, the waiters and the readers.
 pub fn names(k: u8) -> [String; 5] {
     let h = format!("{PREFIX}{{k{k}}}");
     [
@@ -124,17 +124,94 @@ pub fn release(k: u8, owner: &str, fence: u64, fence_ttl: u64, before_fixes: boo
 }
 
 /// `RedisNode::renew_one`: a writer's through `renew.lua`, a reader's
-/// through `renew_read.lua`.
+/// through `renew_read.lua`, a permit's through `renew_permits.lua`.
 pub fn renew(k: u8, owner: &str, read: bool, lease: u64) -> Call {
     let n = names(k);
     let (front, rest) = owner_parts(owner);
+    let permit = rest.starts_with('s');
     let args = vec![lease.to_string(), front, rest];
-    let (script, keys) = if read {
+    let (script, keys) = if permit {
+        (Script::RenewPermits, vec![n[0].clone()])
+    } else if read {
         (Script::RenewRead, vec![n[0].clone(), n[4].clone()])
     } else {
         (Script::Renew, vec![n[0].clone()])
     };
     Call { script, keys, args }
+}
+
+/// `RedisNode::acquire_permit` on one server, fenced: `stay` in ms if the
+/// attempt queues when busy. (No rejoin flag: `permit.lua` finds an
+/// earlier send's queue entry itself.) `one_too_many`: the canary
+/// `Defects::permit_admits_one_more`.
+pub fn permit(
+    k: u8,
+    owner: &str,
+    lease: u64,
+    stay: Option<u64>,
+    fence_ttl: u64,
+    one_too_many: bool,
+) -> Call {
+    let n = names(k);
+    Call {
+        script: if one_too_many {
+            Script::PermitOneTooMany
+        } else {
+            Script::Permit
+        },
+        keys: vec![n[0].clone(), n[1].clone()],
+        args: vec![
+            owner.to_string(),
+            lease.to_string(),
+            stay.map_or(String::new(), |s| s.to_string()),
+            "f".to_string(),
+            fence_ttl.to_string(),
+        ],
+    }
+}
+
+/// `RedisNode::run_release_permit` on one server (`Wake::IfReleased`, not
+/// forced: no flags). `before_fix`: `Defects::release_permit_before_fix`.
+pub fn release_permit(k: u8, owner: &str, fence_ttl: u64, before_fix: bool) -> Call {
+    let n = names(k);
+    Call {
+        script: if before_fix {
+            Script::ReleasePermitBeforeFix
+        } else {
+            Script::ReleasePermit
+        },
+        keys: vec![n[0].clone(), n[1].clone()],
+        args: vec![owner.to_string(), String::new(), fence_ttl.to_string()],
+    }
+}
+
+/// `RedisNode::keep_permit`: a permit's release with `left` ms of
+/// `min_hold`. `before_fix`: `Defects::keep_permit_before_fix`.
+pub fn keep_permit(k: u8, owner: &str, left: u64, before_fix: bool) -> Call {
+    Call {
+        script: if before_fix {
+            Script::KeepPermitBeforeFix
+        } else {
+            Script::KeepPermit
+        },
+        keys: vec![names(k)[0].clone()],
+        args: vec![owner.to_string(), left.to_string()],
+    }
+}
+
+/// `RedisNode::still_queued_permit`: its pipeline (`HEXISTS` of the
+/// waiters, `HEXISTS` of the semaphore).
+pub fn still_queued_permit(k: u8, owner: &str) -> [Call; 2] {
+    let n = names(k);
+    let one = |args: &[&str]| Call {
+        script: Script::Command,
+        keys: vec![],
+        args: args.iter().map(|a| a.to_string()).collect(),
+    };
+    [
+        one(&["HEXISTS", &n[3], owner]),
+        one(&["HEXISTS", &n[0], owner]),
+    ]
 }
 
 /// `RedisNode::keep`: the release of a hold with `left` ms of `min_hold`.

@@ -132,6 +132,9 @@ pub fn render(w: &World, path: Vec<(State, Option<Action>)>) -> String {
         if let Some(v) = &last.ghost.violation {
             let _ = writeln!(out, "   => {v}");
         }
+        if let Some(v) = crate::properties::permits_bounded(last) {
+            let _ = writeln!(out, "   => {v}");
+        }
         if crate::properties::quiescent(last) {
             if let Some(why) = crate::properties::left_behind(w, last) {
                 let _ = writeln!(out, "   => once quiet: {why}");

@@ -57,6 +57,20 @@ pub struct Defects {
     /// scan at the next writer even when nobody heard its grant, so the
     /// release deletes the lock and the writer behind stays queued.
     pub release_before_fixes: bool,
+    /// `keep_permit.lua` without its fix ([`KEEP_PERMIT_FIX`]): the
+    /// owner's field is deleted before the kept one is written, so keeping
+    /// a semaphore's only permit empties the hash (Redis deletes it) and
+    /// writes the kept field into a new hash without an expiry.
+    pub keep_permit_before_fix: bool,
+    /// `release_permit.lua` without its fix ([`GIVE_UP_FIX`]): a waiter
+    /// that gives up leaves the queue and serves nobody, though at its
+    /// head it held back waiters of a larger N (strict FIFO) that the free
+    /// permits admit.
+    pub release_permit_before_fix: bool,
+    /// Not a defect the scripts ever had, a canary: `permit.lua` admitting
+    /// a request while as many as its N hold ([`ONE_TOO_MANY`]), so that
+    /// a test shows the bound on permit holders is checked at all.
+    pub permit_admits_one_more: bool,
 }
 
 impl Defects {
@@ -72,6 +86,9 @@ impl Defects {
         renewal_unacked: false,
         watchdog_one_round: false,
         release_before_fixes: false,
+        keep_permit_before_fix: false,
+        release_permit_before_fix: false,
+        permit_admits_one_more: false,
     };
 
     /// The code before the fixes: every known defect present.
@@ -83,6 +100,9 @@ impl Defects {
         renewal_unacked: true,
         watchdog_one_round: true,
         release_before_fixes: true,
+        keep_permit_before_fix: true,
+        release_permit_before_fix: true,
+        permit_admits_one_more: false,
     };
 }
 
@@ -120,3 +140,25 @@ pub const DEAD_READER_FIX: [(&str, &str); 4] = [
         "        redis.call('zrem', readers, head)\n        passed = true\n",
     ),
 ];
+
+/// `keep_permit.lua`'s fix as it stands, with what it replaced: the kept
+/// field is written before the owner's is deleted. The switch puts the old
+/// order back.
+pub const KEEP_PERMIT_FIX: [(&str, &str); 1] = [(
+    "if not ends or tonumber(ends) <= now then\n  redis.call('hdel', sem, owner)\n  return 0\nend\n",
+    "redis.call('hdel', sem, owner)\nif not ends or tonumber(ends) <= now then\n  return 0\nend\n",
+), ];
+
+/// `release_permit.lua`'s fix as it stands, with what it replaced: a waiter
+/// that gives up at the queue's head goes on to serve the queue. The
+/// switch puts the early return back.
+pub const GIVE_UP_FIX: [(&str, &str); 1] = [(
+    "  if head ~= owner then\n    return 0\n  end\n",
+    "  return 0\n",
+)];
+
+/// `permit.lua`'s admission, and the canary's (`Defects::permit_admits_one_more`).
+pub const ONE_TOO_MANY: [(&str, &str); 1] = [(
+    "if live < permits and not blocked then",
+    "if live <= permits and not blocked then",
+)];

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 
 use mlua::{Function, Lua, MultiValue, Table, Value};
 
-use crate::defects::{DEAD_READER_FIX, RACE_3_FIX};
+use crate::defects::{DEAD_READER_FIX, GIVE_UP_FIX, KEEP_PERMIT_FIX, ONE_TOO_MANY, RACE_3_FIX};
 use crate::keyspace::{fmt_g17, Keyspace, Reply};
 
 /// A script the host runs.
@@ -29,6 +29,13 @@ pub enum Script {
     /// The release of a hold with `min_hold` left.
     Keep,
     RaiseFence,
+    /// A permit of a semaphore (`docs/SEMAPHORES.md`).
+    Permit,
+    ReleasePermit,
+    RenewPermits,
+    KeepPermit,
+    InspectPermits,
+    RaisePermitFence,
     /// `return redis.pcall(unpack(ARGV))`: one plain command, for tests
     /// and for the commands the runtime sends outside scripts.
     Command,
@@ -38,9 +45,17 @@ pub enum Script {
     /// Today's `release.lua` with issue 30 item 5's fix taken out
     /// (`defects::DEAD_READER_FIX`).
     ReleaseBeforeFixes,
+    /// Today's `keep_permit.lua` with its fix taken out
+    /// (`defects::KEEP_PERMIT_FIX`).
+    KeepPermitBeforeFix,
+    /// Today's `release_permit.lua` with its fix taken out
+    /// (`defects::GIVE_UP_FIX`).
+    ReleasePermitBeforeFix,
+    /// `permit.lua` admitting one holder too many (`defects::ONE_TOO_MANY`).
+    PermitOneTooMany,
 }
 
-const SOURCES: [(Script, &str, &str); 7] = [
+const SOURCES: [(Script, &str, &str); 13] = [
     (
         Script::Acquire,
         "acquire.lua",
@@ -72,6 +87,36 @@ const SOURCES: [(Script, &str, &str); 7] = [
         include_str!("../../lock-runtime/scripts/raise_fence.lua"),
     ),
     (
+        Script::Permit,
+        "permit.lua",
+        include_str!("../../lock-runtime/scripts/permit.lua"),
+    ),
+    (
+        Script::ReleasePermit,
+        "release_permit.lua",
+        include_str!("../../lock-runtime/scripts/release_permit.lua"),
+    ),
+    (
+        Script::RenewPermits,
+        "renew_permits.lua",
+        include_str!("../../lock-runtime/scripts/renew_permits.lua"),
+    ),
+    (
+        Script::KeepPermit,
+        "keep_permit.lua",
+        include_str!("../../lock-runtime/scripts/keep_permit.lua"),
+    ),
+    (
+        Script::InspectPermits,
+        "inspect_permits.lua",
+        include_str!("../../lock-runtime/scripts/inspect_permits.lua"),
+    ),
+    (
+        Script::RaisePermitFence,
+        "raise_permit_fence.lua",
+        include_str!("../../lock-runtime/scripts/raise_permit_fence.lua"),
+    ),
+    (
         Script::Command,
         "command",
         "return redis.pcall(unpack(ARGV))",
@@ -80,16 +125,25 @@ const SOURCES: [(Script, &str, &str); 7] = [
 
 impl Script {
     /// Every script the host runs.
-    pub const ALL: [Script; 9] = [
+    pub const ALL: [Script; 18] = [
         Script::Acquire,
         Script::Release,
         Script::Renew,
         Script::RenewRead,
         Script::Keep,
         Script::RaiseFence,
+        Script::Permit,
+        Script::ReleasePermit,
+        Script::RenewPermits,
+        Script::KeepPermit,
+        Script::InspectPermits,
+        Script::RaisePermitFence,
         Script::Command,
         Script::AcquireBeforeFixes,
         Script::ReleaseBeforeFixes,
+        Script::KeepPermitBeforeFix,
+        Script::ReleasePermitBeforeFix,
+        Script::PermitOneTooMany,
     ];
 
     /// The script's source text.
@@ -116,7 +170,29 @@ impl Script {
             }
             return Cow::Owned(src);
         }
-        Cow::Borrowed(SOURCES.iter().find(|s| s.0 == self).unwrap().2)
+        let unfix = |base: Script, fixes: &[(&str, &str)], what: &str| {
+            let mut src = base.source().into_owned();
+            for (fixed, old) in fixes {
+                assert!(
+                    src.matches(fixed).count() == 1,
+                    "{} no longer has its fix as defects::{what} states it (`{fixed}`): \
+                     restate the fix there",
+                    base.name()
+                );
+                src = src.replacen(fixed, old, 1);
+            }
+            Cow::Owned(src)
+        };
+        match self {
+            Script::KeepPermitBeforeFix => {
+                unfix(Script::KeepPermit, &KEEP_PERMIT_FIX, "KEEP_PERMIT_FIX")
+            }
+            Script::ReleasePermitBeforeFix => {
+                unfix(Script::ReleasePermit, &GIVE_UP_FIX, "GIVE_UP_FIX")
+            }
+            Script::PermitOneTooMany => unfix(Script::Permit, &ONE_TOO_MANY, "ONE_TOO_MANY"),
+            _ => Cow::Borrowed(SOURCES.iter().find(|s| s.0 == self).unwrap().2),
+        }
     }
 
     /// The file it comes from.
@@ -126,6 +202,15 @@ impl Script {
         }
         if self == Script::ReleaseBeforeFixes {
             return "release.lua (item 5's fix taken out)";
+        }
+        if self == Script::KeepPermitBeforeFix {
+            return "keep_permit.lua (its fix taken out)";
+        }
+        if self == Script::ReleasePermitBeforeFix {
+            return "release_permit.lua (its fix taken out)";
+        }
+        if self == Script::PermitOneTooMany {
+            return "permit.lua (admitting one too many)";
         }
         SOURCES.iter().find(|s| s.0 == self).unwrap().1
     }
@@ -318,10 +403,21 @@ fn from_lua(v: &Value) -> Reply {
         Value::Boolean(true) => Reply::Int(1),
         Value::Boolean(false) => Reply::Nil,
         Value::Integer(i) => Reply::Int(*i),
-        Value::Number(n) => Reply::Int(*n as i64),
+        Value::Number(n) => Reply::Int(c_cast(*n)),
         Value::String(s) => Reply::Bulk(s.to_string_lossy()),
         Value::Table(t) => table_reply(t),
         other => panic!("a script returned {other:?}, which Redis cannot send"),
+    }
+}
+
+/// A Lua number as Redis truncates it into an integer reply: C's cast,
+/// which on x86-64 gives `i64::MIN` for anything out of range (Rust's `as`
+/// saturates instead).
+fn c_cast(n: f64) -> i64 {
+    if n.is_nan() || !(-9_223_372_036_854_775_808.0..9_223_372_036_854_775_808.0).contains(&n) {
+        i64::MIN
+    } else {
+        n as i64
     }
 }
 

@@ -47,11 +47,56 @@ impl Hash for Score {
     }
 }
 
+/// A hash's fields in Redis's order for small hashes (a listpack, below
+/// `hash-max-listpack-entries`): as first set, an update kept in place, a
+/// deleted field gone from its place. `HGETALL`, `HKEYS` and `HVALS` answer
+/// in this order, so a script that walks a hash walks it as on Redis.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Fields(Vec<(String, String)>);
+
+impl Fields {
+    pub fn get(&self, field: &str) -> Option<&String> {
+        self.0.iter().find(|(f, _)| f == field).map(|(_, v)| v)
+    }
+    pub fn contains_key(&self, field: &str) -> bool {
+        self.get(field).is_some()
+    }
+    /// Set `field`; the value it had.
+    pub fn insert(&mut self, field: String, value: String) -> Option<String> {
+        match self.0.iter_mut().find(|(f, _)| *f == field) {
+            Some((_, v)) => Some(std::mem::replace(v, value)),
+            None => {
+                self.0.push((field, value));
+                None
+            }
+        }
+    }
+    pub fn remove(&mut self, field: &str) -> Option<String> {
+        let i = self.0.iter().position(|(f, _)| f == field)?;
+        Some(self.0.remove(i).1)
+    }
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+    pub fn iter(&self) -> impl Iterator<Item = (&String, &String)> {
+        self.0.iter().map(|(f, v)| (f, v))
+    }
+    pub fn keys(&self) -> impl Iterator<Item = &String> {
+        self.0.iter().map(|(f, _)| f)
+    }
+    pub fn values(&self) -> impl Iterator<Item = &String> {
+        self.0.iter().map(|(_, v)| v)
+    }
+}
+
 /// What a key holds.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Data {
     Str(String),
-    Hash(BTreeMap<String, String>),
+    Hash(Fields),
     List(Vec<String>),
     ZSet(BTreeMap<String, Score>),
 }
@@ -251,6 +296,19 @@ impl Keyspace {
                 }
                 Reply::Int(n)
             }
+            "TYPE" => {
+                need!(1, 1);
+                Reply::Status(
+                    match self.get(&a[0], now) {
+                        None => "none",
+                        Some(Data::Str(_)) => "string",
+                        Some(Data::Hash(_)) => "hash",
+                        Some(Data::List(_)) => "list",
+                        Some(Data::ZSet(_)) => "zset",
+                    }
+                    .into(),
+                )
+            }
             "EXISTS" => {
                 need!(1, ANY);
                 Reply::Int(a.iter().filter(|k| self.live(k, now).is_some()).count() as i64)
@@ -394,11 +452,77 @@ impl Keyspace {
                 need!(2, ANY);
                 let n = match self.hash_mut(&a[0], now, false) {
                     Ok(None) => return Reply::Int(0),
-                    Ok(Some(h)) => a[1..].iter().filter(|f| h.remove(*f).is_some()).count(),
+                    Ok(Some(h)) => a[1..].iter().filter(|f| h.remove(f).is_some()).count(),
                     Err(e) => return e,
                 };
                 self.drop_if_empty(&a[0]);
                 Reply::Int(n as i64)
+            }
+            "HGETALL" | "HKEYS" | "HVALS" => {
+                need!(1, 1);
+                match self.get(&a[0], now) {
+                    None => Reply::Array(vec![]),
+                    Some(Data::Hash(h)) => Reply::Array(match name.as_str() {
+                        "HGETALL" => h
+                            .iter()
+                            .flat_map(|(f, v)| [Reply::Bulk(f.clone()), Reply::Bulk(v.clone())])
+                            .collect(),
+                        "HKEYS" => h.keys().cloned().map(Reply::Bulk).collect(),
+                        _ => h.values().cloned().map(Reply::Bulk).collect(),
+                    }),
+                    Some(_) => err(WRONGTYPE),
+                }
+            }
+            "HMGET" => {
+                need!(2, ANY);
+                match self.get(&a[0], now) {
+                    None => Reply::Array(a[1..].iter().map(|_| Reply::Nil).collect()),
+                    Some(Data::Hash(h)) => Reply::Array(
+                        a[1..]
+                            .iter()
+                            .map(|f| h.get(f).cloned().map_or(Reply::Nil, Reply::Bulk))
+                            .collect(),
+                    ),
+                    Some(_) => err(WRONGTYPE),
+                }
+            }
+            "HSETNX" => {
+                need!(3, 3);
+                let h = match self.hash_mut(&a[0], now, true) {
+                    Ok(h) => h.unwrap(),
+                    Err(e) => return e,
+                };
+                if h.contains_key(&a[1]) {
+                    return Reply::Int(0);
+                }
+                h.insert(a[1].clone(), a[2].clone());
+                Reply::Int(1)
+            }
+            "HINCRBY" => {
+                need!(3, 3);
+                let Some(by) = int(&a[2]) else {
+                    return err(NOT_INT);
+                };
+                let h = match self.hash_mut(&a[0], now, true) {
+                    Ok(h) => h.unwrap(),
+                    Err(e) => return e,
+                };
+                let cur = match h.get(&a[1]) {
+                    None => 0,
+                    Some(v) => match int(v) {
+                        Some(n) => n,
+                        None => {
+                            self.drop_if_empty(&a[0]);
+                            return err("ERR hash value is not an integer");
+                        }
+                    },
+                };
+                let Some(next) = cur.checked_add(by) else {
+                    self.drop_if_empty(&a[0]);
+                    return err("ERR increment or decrement would overflow");
+                };
+                h.insert(a[1].clone(), next.to_string());
+                Reply::Int(next)
             }
             "RPUSH" | "LPUSH" => {
                 need!(2, ANY);
@@ -860,7 +984,7 @@ impl Keyspace {
         key: &str,
         now: u64,
         create: bool,
-    ) -> Result<Option<&mut BTreeMap<String, String>>, Reply> {
+    ) -> Result<Option<&mut Fields>, Reply> {
         if self.live_mut(key, now).is_none() {
             if !create {
                 return Ok(None);
@@ -868,7 +992,7 @@ impl Keyspace {
             self.keys.insert(
                 key.to_string(),
                 Entry {
-                    data: Data::Hash(BTreeMap::new()),
+                    data: Data::Hash(Fields::default()),
                     expires: None,
                 },
             );

@@ -20,6 +20,9 @@ pub const IO: u8 = 1;
 pub struct Plan {
     pub key: u8,
     pub read: bool,
+    /// A permit of a semaphore admitting this many (`client.semaphore`);
+    /// 0: a lock.
+    pub permits: u8,
     pub lease: u64,
     pub wait: u64,
     pub min_hold: Option<u64>,
@@ -35,6 +38,7 @@ impl Plan {
         Plan {
             key,
             read: false,
+            permits: 0,
             lease: 3000,
             wait: 0,
             min_hold: None,
@@ -46,6 +50,13 @@ impl Plan {
     pub fn read(key: u8) -> Plan {
         Plan {
             read: true,
+            ..Plan::write(key)
+        }
+    }
+    /// A permit of a semaphore of `permits` on `key`.
+    pub fn permit(key: u8, permits: u8) -> Plan {
+        Plan {
+            permits,
             ..Plan::write(key)
         }
     }

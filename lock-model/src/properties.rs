@@ -35,6 +35,11 @@ pub const LOST_HOLDER_TOLD: &str =
 pub const ACKED_SURVIVES: &str = "with replica_acks, a failover keeps every lock a holder has";
 pub const QUEUE_SERVED: &str =
     "a release that frees a lock others queued behind leaves no listening waiter queued";
+pub const PERMITS_BOUNDED: &str =
+    "at most N permit holders, by each request's own N, and none beside a lock holder";
+pub const PERMITS_SERVED: &str =
+    "a permit script leaves no listening waiter first in the queue that its own N admits";
+pub const PERMITS_FULL: &str = "as many permit holders as a request admits (sometimes)";
 pub const HANDED_OVER: &str = "a release hands the lock to a waiter (sometimes)";
 pub const FAILOVER_KEPT: &str = "a failover keeps a holder's lock (sometimes)";
 pub const FAILOVER_LOST: &str = "a failover loses a holder's lock (sometimes)";
@@ -42,7 +47,7 @@ pub const FAILOVER_LOST: &str = "a failover loses a holder's lock (sometimes)";
 /// Whether a property is a `sometimes` one: what the checker finds for it
 /// is an example, not a counterexample.
 pub fn is_example(property: &str) -> bool {
-    [HANDED_OVER, FAILOVER_KEPT, FAILOVER_LOST].contains(&property)
+    [HANDED_OVER, FAILOVER_KEPT, FAILOVER_LOST, PERMITS_FULL].contains(&property)
 }
 
 fn violated(s: &State, prefix: &str) -> bool {
@@ -55,6 +60,8 @@ fn violated(s: &State, prefix: &str) -> bool {
 pub fn all() -> Vec<Property<World>> {
     vec![
         Property::always(MUTUAL_EXCLUSION, |_, s: &State| mutual_exclusion(s)),
+        Property::always(PERMITS_BOUNDED, |_, s: &State| permits_bounded(s).is_none()),
+        Property::always(PERMITS_SERVED, |_, s: &State| !violated(s, "unserved")),
         Property::always(FENCES_RISE, |_, s: &State| !violated(s, "fence")),
         Property::always(TTLS, |_, s: &State| {
             s.ks.keys.values().all(|e| e.expires.is_some())
@@ -70,6 +77,7 @@ pub fn all() -> Vec<Property<World>> {
         Property::always(ACKED_SURVIVES, |_, s: &State| !violated(s, "acked")),
         Property::always(QUEUE_SERVED, |_, s: &State| !violated(s, "stalled")),
         Property::sometimes(HANDED_OVER, |_, s: &State| s.ghost.handed_over),
+        Property::sometimes(PERMITS_FULL, |_, s: &State| s.ghost.permits_full),
         Property::sometimes(FAILOVER_KEPT, |_, s: &State| s.ghost.failover_under_hold.0),
         Property::sometimes(FAILOVER_LOST, |_, s: &State| s.ghost.failover_under_hold.1),
     ]
@@ -81,7 +89,7 @@ pub fn all() -> Vec<Property<World>> {
 fn mutual_exclusion(s: &State) -> bool {
     let mut by_key: std::collections::BTreeMap<u8, (u32, u32)> = Default::default();
     for &(k, c, o, _) in &s.ghost.holders {
-        if s.ghost.lost_by_failover.contains(&(k, c, o)) {
+        if s.ghost.lost_by_failover.contains(&(k, c, o)) || o.is_permit() {
             continue;
         }
         let e = by_key.entry(k).or_default();
@@ -92,6 +100,111 @@ fn mutual_exclusion(s: &State) -> bool {
         }
     }
     by_key.values().all(|&(w, r)| w <= 1 && (w == 0 || r == 0))
+}
+
+/// Permit holders of each key, among those whose permit the server still
+/// has: each admitted while fewer than its own N held, so each has fewer
+/// than its N holders before it in grant order, which is token order
+/// (tokens rise with every grant of the key's counter); tokens differ;
+/// and no lock holder beside them. A description of the first breach.
+pub fn permits_bounded(s: &State) -> Option<String> {
+    let g = &s.ghost;
+    let counted = |&&(k, c, o, _): &&(u8, u8, Owner, u64)| !g.lost_by_failover.contains(&(k, c, o));
+    let permits: Vec<&(u8, u8, Owner, u64)> = g
+        .holders
+        .iter()
+        .filter(counted)
+        .filter(|h| h.2.is_permit())
+        .collect();
+    for h in &permits {
+        let (k, c, o, f) = **h;
+        let before = permits
+            .iter()
+            .filter(|x| x.0 == k && (x.3, x.1, x.2) < (f, c, o))
+            .count();
+        if before >= usize::from(o.permits) {
+            let all: Vec<String> = permits
+                .iter()
+                .filter(|x| x.0 == k)
+                .map(|x| format!("{}#{}", owner_id(x.1, x.2), x.3 % 1_000_000_000))
+                .collect();
+            return Some(format!(
+                "{} holds key {k} with {before} holders granted before it, {} allowed: {all:?}",
+                owner_id(c, o),
+                o.permits
+            ));
+        }
+        if permits
+            .iter()
+            .any(|x| x.0 == k && x.3 == f && (x.1, x.2) != (c, o))
+        {
+            return Some(format!("token {f} of key {k} held twice"));
+        }
+        if let Some(l) = g
+            .holders
+            .iter()
+            .filter(counted)
+            .find(|x| x.0 == k && !x.2.is_permit())
+        {
+            return Some(format!(
+                "{} holds a permit of key {k} beside the lock of {}",
+                owner_id(c, o),
+                owner_id(l.1, l.2)
+            ));
+        }
+    }
+    None
+}
+
+/// After a permit script ran on `key`: if permits are free, the first
+/// waiter that hears grants (its client listens on the key's grant
+/// channel, its stay not over) must be one whose own N the live holders
+/// fill (strict FIFO), or none: a release serves the queue, and an
+/// acquire serves the heads before its own owner.
+pub fn on_permit_script(s: &mut State, key: u8) {
+    let n = names(key);
+    let now = EPOCH_MS + s.now;
+    let live = match s.ks.get(&n[0], now) {
+        Some(Data::Hash(h)) => h.values().filter(|v| lease_end(v) > now).count(),
+        Some(_) => return,
+        None => 0,
+    };
+    let Some(Data::List(queue)) = s.ks.get(&n[2], now) else {
+        return;
+    };
+    let stays = match s.ks.get(&n[3], now) {
+        Some(Data::Hash(h)) => h.clone(),
+        _ => Default::default(),
+    };
+    let head = queue.iter().find(|o| {
+        let live = stays
+            .get(o.as_str())
+            .and_then(|e| e.split(' ').nth(1))
+            .and_then(|u| u.parse::<u64>().ok())
+            .is_some_and(|until| until > now);
+        let listening = parse_owner(o).is_some_and(|(c, _)| s.subs.contains(&(c, key)));
+        live && listening
+    });
+    let Some((o, (_, owner))) = head.and_then(|o| Some((o.clone(), parse_owner(o)?))) else {
+        return;
+    };
+    if owner.is_permit() && live < usize::from(owner.permits) {
+        violation(
+            s,
+            format!(
+                "unserved: {live} permits of key {key} held, and {o} (of {}) left queued first, though it listens",
+                owner.permits
+            ),
+        );
+    }
+}
+
+/// A permit entry's lease end (server ms): `"<end> <token>"`.
+fn lease_end(v: &str) -> u64 {
+    v.split(' ')
+        .next()
+        .and_then(|e| e.parse().ok())
+        .unwrap_or(0)
 }
 
 fn violation(s: &mut State, v: String) {
@@ -106,6 +219,9 @@ fn violation(s: &mut State, v: String) {
 /// by a release get the counter as the promoted replica has it (a
 /// documented limit; writers' tokens are floored at the clock).
 pub fn on_hold(s: &mut State, key: u8, c: u8, owner: Owner, fence: u64) {
+    if owner.is_permit() {
+        return on_permit(s, key, c, owner, fence);
+    }
     let g = &s.ghost;
     let max = g.max_fence.get(&key).copied().unwrap_or(0);
     let below = if owner.read {
@@ -135,6 +251,40 @@ pub fn on_hold(s: &mut State, key: u8, c: u8, owner: Owner, fence: u64) {
         g.writer_fences.insert((key, fence));
     }
     g.holders.insert((key, c, owner, fence));
+}
+
+/// A permit holder's guard was returned: its token is one no earlier
+/// holder of the key had (permits' and writers') and above every earlier
+/// writer's (locks and permits share the counter, and exclude each other).
+fn on_permit(s: &mut State, key: u8, c: u8, owner: Owner, fence: u64) {
+    let g = &s.ghost;
+    let max = g.max_fence.get(&key).copied().unwrap_or(0);
+    let reused = g.permit_fences.contains(&(key, fence)) || g.writer_fences.contains(&(key, fence));
+    if fence <= max || reused {
+        violation(
+            s,
+            format!(
+                "fence: {} holds a permit of key {key} with token {fence}, {}",
+                owner_id(c, owner),
+                if reused {
+                    "handed out before".to_string()
+                } else {
+                    format!("not above {max} of an earlier writer")
+                }
+            ),
+        );
+    }
+    let g = &mut s.ghost;
+    g.permit_fences.insert((key, fence));
+    g.holders.insert((key, c, owner, fence));
+    let held = g
+        .holders
+        .iter()
+        .filter(|h| h.0 == key && h.2.is_permit())
+        .count();
+    if held >= usize::from(owner.permits) {
+        g.permits_full = true;
+    }
 }
 
 /// A holder's hold ended (released, lost, or crashed); `kept_until`: the
@@ -213,7 +363,7 @@ pub fn on_release(s: &mut State, key: u8) {
     };
     let left = queue.iter().find(|o| {
         let live = stays
-            .get(*o)
+            .get(o)
             .and_then(|e| e.split(' ').nth(1))
             .and_then(|u| u.parse::<u64>().ok())
             .is_some_and(|until| until > now);
@@ -252,6 +402,9 @@ fn named(ks: &Keyspace, key: u8, now: u64) -> BTreeSet<String> {
     if let Some(Data::Str(v)) = ks.get(&n[0], now) {
         out.insert(v.split(' ').next().unwrap_or("").to_string());
     }
+    if let Some(Data::Hash(h)) = ks.get(&n[0], now) {
+        out.extend(h.keys().cloned());
+    }
     if let Some(Data::List(l)) = ks.get(&n[2], now) {
         out.extend(l.iter().cloned());
     }
@@ -267,6 +420,9 @@ fn named(ks: &Keyspace, key: u8, now: u64) -> BTreeSet<String> {
 /// Whether the keyspace has `owner`'s hold of `key`.
 fn has_hold(ks: &Keyspace, key: u8, id: &str, read: bool, now: u64) -> bool {
     let n = names(key);
+    if let Some(Data::Hash(h)) = ks.get(&n[0], now) {
+        return h.get(id).is_some_and(|v| lease_end(v) > now);
+    }
     let holder = match ks.get(&n[0], now) {
         Some(Data::Str(v)) => v.split(' ').next().unwrap_or("").to_string(),
         _ => return false,
@@ -291,7 +447,7 @@ pub fn on_failover(w: &World, s: &mut State, before: &Keyspace) {
         } else {
             s.ghost.failover_under_hold.1 = true;
             s.ghost.lost_by_failover.insert((key, c, owner));
-            if !owner.read {
+            if !owner.read && !owner.is_permit() {
                 s.ghost.lost_fences.insert((key, fence));
             }
             if w.deployment == Deployment::SentinelAcks {
@@ -354,6 +510,9 @@ fn legit(w: &World, s: &State, key: u8, c: u8, owner: Owner) -> bool {
 pub fn occupant(w: &World, s: &State, key: u8) -> Result<(), String> {
     let n = names(key);
     let now = EPOCH_MS + s.now;
+    if let Some(Data::Hash(h)) = s.ks.get(&n[0], now) {
+        return permit_occupants(w, s, key, h);
+    }
     let Some(Data::Str(v)) = s.ks.get(&n[0], now) else {
         return Ok(());
     };
@@ -406,6 +565,54 @@ pub fn occupant(w: &World, s: &State, key: u8) -> Result<(), String> {
         return Ok(());
     }
     Err(why.join("; "))
+}
+
+/// Who has a permit of `key` (entries whose lease has not ended; an
+/// ended one counts for nothing), and whether each is legit; a permit
+/// kept for `min_hold` (`<owner>!`) must not outlive it.
+fn permit_occupants(
+    w: &World,
+    s: &State,
+    key: u8,
+    h: &crate::keyspace::Fields,
+) -> Result<(), String> {
+    let now = EPOCH_MS + s.now;
+    let mut why = Vec::new();
+    for (field, v) in h.iter() {
+        let end = lease_end(v);
+        if end <= now {
+            continue;
+        }
+        let id = field.trim_end_matches('!');
+        match parse_owner(id) {
+            Some((c, owner)) if legit(w, s, key, c, owner) => {
+                if s.ghost.excused.contains(&(key, c, owner)) || s.ghost.crashed.contains(&c) {
+                    continue;
+                }
+                let kept = s
+                    .ghost
+                    .kept
+                    .iter()
+                    .find(|k| k.0 == key && k.1 == c && k.2 == owner);
+                if let Some(&(_, _, _, until)) = kept {
+                    if end > EPOCH_MS + until {
+                        why.push(format!(
+                            "{id} released with min_hold until {until}, but its permit lives until {}",
+                            end - EPOCH_MS
+                        ));
+                    }
+                }
+            }
+            _ => why.push(format!(
+                "a permit is held by {field}, which neither holds nor waits"
+            )),
+        }
+    }
+    if why.is_empty() {
+        Ok(())
+    } else {
+        Err(why.join("; "))
+    }
 }
 
 /// Nothing in flight: every request over, every connection idle, no

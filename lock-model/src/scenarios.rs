@@ -343,3 +343,135 @@ pub fn dead_reader_ahead(defects: Defects) -> World {
         defects,
     )
 }
+
+// ------------------------------------------------------------ semaphores
+
+/// Three clients take a permit of a semaphore of `permits` on one key:
+/// two hold (one long enough to be renewed), the third waits and is
+/// handed a permit by a release; `faults` besides.
+fn permits(permits: u8, faults: Faults, defects: Defects) -> World {
+    world(
+        vec![
+            client(vec![Plan::permit(0, permits).body(1500)]),
+            client(vec![Plan::permit(0, permits)]),
+            client(vec![Plan::permit(0, permits).wait(4000)]),
+        ],
+        1,
+        Deployment::Redis,
+        faults,
+        defects,
+    )
+}
+
+/// Two permits, three clients; one reply lost (its command ran), one
+/// request cancelled at any await.
+pub fn permits_lost_reply_cancel(defects: Defects) -> World {
+    permits(
+        2,
+        Faults {
+            lose_reply: 1,
+            cancel: 1,
+            ..Faults::default()
+        },
+        defects,
+    )
+}
+
+/// Two permits, three clients; one client crashes (its permit lapses
+/// with its lease, its queue entry with its stay).
+pub fn permits_crash(defects: Defects) -> World {
+    permits(
+        2,
+        Faults {
+            crash: 1,
+            ..Faults::default()
+        },
+        defects,
+    )
+}
+
+/// Two permits, three clients; one command repeated verbatim by a lower
+/// transport, on the waiter's connection, which is slow.
+pub fn permits_resend_slow(defects: Defects) -> World {
+    permits(
+        2,
+        Faults {
+            resend_verbatim: 1,
+            slow: Some((2, MAIN)),
+            ..Faults::default()
+        },
+        defects,
+    )
+}
+
+/// Two versions of a service disagree on N: one holder of a semaphore of
+/// 2, then a waiter that admits 1 (it queues) and one of 2 behind it,
+/// which strict FIFO holds back until the first is served or leaves; one
+/// reply lost, one request cancelled.
+pub fn permits_disagree(defects: Defects) -> World {
+    world(
+        vec![
+            client(vec![Plan::permit(0, 2).body(2500)]),
+            client(vec![Plan::permit(0, 1).wait(1500).start(100)]),
+            client(vec![Plan::permit(0, 2).wait(4000).start(200)]),
+        ],
+        1,
+        Deployment::Redis,
+        Faults {
+            lose_reply: 1,
+            cancel: 1,
+            ..Faults::default()
+        },
+        defects,
+    )
+}
+
+/// `min_hold` on a permit (a release that keeps it counted) and
+/// `max_hold` (a permit that ends lost while its body runs), with a
+/// waiter; one reply lost.
+pub fn permits_hold_bounds(defects: Defects) -> World {
+    world(
+        vec![
+            client(vec![Plan::permit(0, 2).body(1000).min_hold(2500)]),
+            client(vec![Plan::permit(0, 2).body(4000).max_hold(3000)]),
+            client(vec![Plan::permit(0, 2).wait(6000)]),
+        ],
+        1,
+        Deployment::Redis,
+        Faults {
+            lose_reply: 1,
+            ..Faults::default()
+        },
+        defects,
+    )
+}
+
+/// Sentinel with `replica_acks`: permits acquired and confirmed by `WAIT`
+/// on their own connection, renewed under `WAIT`; one reply lost, one
+/// cancel.
+pub fn permits_sentinel_acks(defects: Defects) -> World {
+    World {
+        deployment: Deployment::SentinelAcks,
+        ..permits_lost_reply_cancel(defects)
+    }
+}
+
+/// A failover that loses the writes of the current instant, with or
+/// without `replica_acks`: two holders of two permits and a waiter.
+pub fn permits_failover(defects: Defects, acks: bool) -> World {
+    World {
+        deployment: if acks {
+            Deployment::SentinelAcks
+        } else {
+            Deployment::Sentinel
+        },
+        ..permits(
+            2,
+            Faults {
+                failover: 1,
+                ..Faults::default()
+            },
+            defects,
+        )
+    }
+}

@@ -12,11 +12,21 @@ use crate::plan::Faults;
 /// clocks then have the digits they have in production (16 for µs).
 pub const EPOCH_MS: u64 = 1_700_000_000_000;
 
-/// An owner id within its client: `<client>:<n>` or `<client>:r<n>`.
+/// An owner id within its client: `<client>:<n>`, `<client>:r<n>`, or a
+/// permit's `<client>:s<permits>.<n>` (`key.rs::Mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Owner {
     pub n: u8,
     pub read: bool,
+    /// A permit of a semaphore admitting this many holders; 0: a lock.
+    pub permits: u8,
+}
+
+impl Owner {
+    /// A permit of a semaphore.
+    pub fn is_permit(self) -> bool {
+        self.permits > 0
+    }
 }
 
 /// A command a client sends.
@@ -215,6 +225,8 @@ pub struct Ghost {
     pub max_fence: BTreeMap<u8, u64>,
     /// Every writer's token, per key: (key, token).
     pub writer_fences: BTreeSet<(u8, u64)>,
+    /// Every permit holder's token, per key: (key, token).
+    pub permit_fences: BTreeSet<(u8, u64)>,
     /// Tokens of writers whose hold a failover lost: (key, token).
     pub lost_fences: BTreeSet<(u8, u64)>,
     /// Locks left taken on purpose: `min_hold` releases, and crashed
@@ -231,6 +243,9 @@ pub struct Ghost {
     pub violation: Option<String>,
     /// A waiter was handed a lock by a release (for `sometimes`).
     pub handed_over: bool,
+    /// As many permit holders as a request admits held one key at once
+    /// (for `sometimes`).
+    pub permits_full: bool,
     /// A failover happened while someone held a lock (for `sometimes`):
     /// (a holder kept it, a holder lost it).
     pub failover_under_hold: (bool, bool),
@@ -315,12 +330,26 @@ pub enum Action {
 }
 
 pub fn owner_id(c: u8, o: Owner) -> String {
+    if o.is_permit() {
+        return format!("c{c}:s{}.{}", o.permits, o.n);
+    }
     format!("c{c}:{}{}", if o.read { "r" } else { "" }, o.n)
 }
 
 pub fn parse_owner(s: &str) -> Option<(u8, Owner)> {
     let (c, rest) = s.split_once(':')?;
     let c: u8 = c.strip_prefix('c')?.parse().ok()?;
+    if let Some(rest) = rest.strip_prefix('s') {
+        let (permits, n) = rest.split_once('.')?;
+        return Some((
+            c,
+            Owner {
+                n: n.parse().ok()?,
+                read: false,
+                permits: permits.parse().ok().filter(|&p| p > 0)?,
+            },
+        ));
+    }
     let (read, n) = match rest.strip_prefix('r') {
         Some(n) => (true, n),
         None => (false, rest),
@@ -330,6 +359,7 @@ pub fn parse_owner(s: &str) -> Option<(u8, Owner)> {
         Owner {
             n: n.parse().ok()?,
             read,
+            permits: 0,
         },
     ))
 }

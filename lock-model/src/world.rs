@@ -247,6 +247,58 @@ impl World {
                 owner,
                 lease,
                 stay,
+                ..
+            } if owner.is_permit() => {
+                let id = owner_id(c, owner);
+                let call = calls::permit(
+                    key,
+                    &id,
+                    lease,
+                    stay,
+                    self.timing.fence_ttl,
+                    d.permit_admits_one_more,
+                );
+                let reply = ReplyKey::Acquire(read_acquire(&self.run(s, call)));
+                properties::on_permit_script(s, key);
+                reply
+            }
+            Cmd::Release { key, owner, .. } if owner.is_permit() => {
+                let id = owner_id(c, owner);
+                let call = calls::release_permit(
+                    key,
+                    &id,
+                    self.timing.fence_ttl,
+                    d.release_permit_before_fix,
+                );
+                let reply = match self.run(s, call) {
+                    Reply::Int(i) => ReplyKey::Int(i),
+                    other => panic!("release_permit.lua answered {other:?}"),
+                };
+                properties::on_permit_script(s, key);
+                reply
+            }
+            Cmd::Keep { key, owner, left } if owner.is_permit() && !d.keep_by_renewal => {
+                let id = owner_id(c, owner);
+                match self.run(
+                    s,
+                    calls::keep_permit(key, &id, left, d.keep_permit_before_fix),
+                ) {
+                    Reply::Int(i) => ReplyKey::Flag(i == 1),
+                    other => panic!("keep_permit.lua answered {other:?}"),
+                }
+            }
+            Cmd::StillQueued { key, owner } if owner.is_permit() => {
+                let id = owner_id(c, owner);
+                let [waiting, held] = calls::still_queued_permit(key, &id);
+                let yes =
+                    self.run(s, waiting) == Reply::Int(1) || self.run(s, held) == Reply::Int(1);
+                ReplyKey::Flag(yes)
+            }
+            Cmd::Acquire {
+                key,
+                owner,
+                lease,
+                stay,
                 rejoin,
             } => {
                 let id = owner_id(c, owner);
@@ -351,18 +403,20 @@ impl World {
         s.clients[c as usize].reqs[r as usize].phase = Phase::Attempting(op);
     }
 
-    fn new_owner(s: &mut State, c: u8, read: bool) -> Owner {
+    /// A new owner id for a request of `p`'s kind.
+    fn new_owner(s: &mut State, c: u8, p: &Plan) -> Owner {
         let cl = &mut s.clients[c as usize];
         cl.next_owner += 1;
         Owner {
             n: cl.next_owner,
-            read,
+            read: p.read,
+            permits: p.permits,
         }
     }
 
     fn start_request(&self, s: &mut State, c: u8, r: u8) {
         let p = self.plan(c, r).clone();
-        let owner = Self::new_owner(s, c, p.read);
+        let owner = Self::new_owner(s, c, &p);
         let now = s.now;
         let req = &mut s.clients[c as usize].reqs[r as usize];
         req.owner = owner;
@@ -436,8 +490,8 @@ impl World {
                 let old = s.clients[c as usize].reqs[r as usize].owner;
                 self.undo_in_background(s, c, key, old);
                 self.leave_slot(s, c, r);
-                let read = self.plan(c, r).read;
-                let owner = Self::new_owner(s, c, read);
+                let p = self.plan(c, r).clone();
+                let owner = Self::new_owner(s, c, &p);
                 let req = &mut s.clients[c as usize].reqs[r as usize];
                 req.owner = owner;
                 req.mailbox = None;
@@ -1098,7 +1152,11 @@ impl World {
                         .requests
                         .iter()
                         .map(|p| Req {
-                            owner: Owner { n: 0, read: p.read },
+                            owner: Owner {
+                                n: 0,
+                                read: p.read,
+                                permits: p.permits,
+                            },
                             phase: Phase::NotStarted,
                             acq: decide::start(0, 0, &self.timing),
                             ttl: None,

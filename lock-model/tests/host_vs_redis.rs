@@ -248,8 +248,9 @@ fn dump_real(c: &mut Connection) -> Dump {
             "none" => continue,
             "string" => vec![redis::cmd("GET").arg(&k).query(c).unwrap()],
             "hash" => {
-                let h: BTreeMap<String, String> = redis::cmd("HGETALL").arg(&k).query(c).unwrap();
-                h.into_iter().flat_map(|(f, v)| [f, v]).collect()
+                // In the server's order: a small hash keeps its fields as
+                // first set, and the model must too.
+                redis::cmd("HGETALL").arg(&k).query(c).unwrap()
             }
             "list" => redis::cmd("LRANGE")
                 .arg(&k)
@@ -595,6 +596,84 @@ fn token_counters_compared_as_strings_as_on_redis() {
     );
 }
 
+/// A permit as `node/permits.rs` asks for it, fenced.
+fn permit(owner: &str, lease: &str, stay: &str) -> Step {
+    Step::Eval(Script::Permit, s(&LOCK), s(&[owner, lease, stay, "f", TTL]))
+}
+
+fn rel_permit(owner: &str, flags: &str) -> Step {
+    Step::Eval(Script::ReleasePermit, s(&LOCK), s(&[owner, flags, TTL]))
+}
+
+#[test]
+fn permits_queue_hand_over_lapse_and_are_kept_as_on_redis() {
+    compare(
+        "permits",
+        &["l:granted:c", "l:granted:d", "l:granted:e", "l:released"],
+        vec![
+            // Two of two, a repeat, a third queued, a fourth just told.
+            permit("c:s2.1", "30000", ""),
+            permit("d:s2.1", "30000", ""),
+            permit("c:s2.1", "30000", ""),
+            permit("e:s2.1", "30000", "5000"),
+            permit("e:s2.1", "30000", "5000"),
+            permit("f:s2.1", "30000", ""),
+            Step::Eval(Script::InspectPermits, s(&["l"]), vec![]),
+            // A release hands its permit to the queue's head; a repeat of
+            // it finds nothing.
+            rel_permit("c:s2.1", ""),
+            rel_permit("c:s2.1", ""),
+            permit("e:s2.1", "30000", "5000"),
+            // Renewals: held, not held.
+            Step::Eval(
+                Script::RenewPermits,
+                s(&["l", "l"]),
+                s(&["20000", "d:", "s2.1", "s2.9"]),
+            ),
+            // A waiter of N = 1 queues and holds back one of N = 3 behind it
+            // (strict FIFO); it gives up; the one behind it asks again.
+            permit("g:s1.1", "30000", "5000"),
+            permit("c:s3.2", "30000", "5000"),
+            rel_permit("g:s1.1", ""),
+            permit("c:s3.2", "30000", "5000"),
+            // min_hold: renamed, shortened, counted; a renewal of it finds
+            // nothing, a repeat of the keep its work done.
+            Step::Eval(Script::KeepPermit, s(&["l"]), s(&["d:s2.1", "300"])),
+            Step::Eval(Script::KeepPermit, s(&["l"]), s(&["d:s2.1", "300"])),
+            Step::Eval(Script::RenewPermits, s(&["l"]), s(&["20000", "d:", "s2.1"])),
+            Step::Eval(Script::InspectPermits, s(&["l"]), vec![]),
+            // Redlock: raise a permit's token, publish on release.
+            Step::Eval(
+                Script::RaisePermitFence,
+                s(&LOCK),
+                s(&["e:s2.1", "99999999999999999", TTL]),
+            ),
+            Step::Sleep(350),
+            permit("h:s2.1", "200", "w5000"),
+            rel_permit("e:s2.1", "a"),
+            rel_permit("c:s3.2", "af"),
+            Step::Sleep(250),
+            // The kept and short leases lapsed: their entries count for
+            // nothing, and go when met.
+            permit("c:s1.3", "30000", ""),
+            rel_permit("h:s2.1", ""),
+            rel_permit("c:s1.3", ""),
+            // A lock and a semaphore of one key exclude each other.
+            acq("c:4", "30000", "", "", ""),
+            permit("d:s2.4", "30000", "5000"),
+            rel_permit("d:s2.4", ""),
+            rel("c:4"),
+            permit("d:s2.5", "30000", ""),
+            acq("c:5", "30000", "", "5000", ""),
+            rel("c:5"),
+            rel_permit("d:s2.5", ""),
+            Step::Eval(Script::InspectPermits, s(&["l"]), vec![]),
+            // A lock's owner id is not a permit's.
+            permit("c:6", "30000", ""),
+        ],
+    );
+}
+
 #[test]
 fn every_shimmed_command_answers_as_on_redis() {
     let c = |a: &[&str]| cmd(a);
@@ -631,6 +710,8 @@ fn every_shimmed_command_answers_as_on_redis() {
             c(&["incr", "n"]),
             c(&["incr", "s"]),
             c(&["exists", "s", "n", "none", "s"]),
+            c(&["type", "s"]),
+            c(&["type", "none"]),
             c(&["hset", "h", "a", "1", "b", "2"]),
             c(&["hset", "h", "a", "3"]),
             c(&["hget", "h", "a"]),
@@ -640,6 +721,40 @@ fn every_shimmed_command_answers_as_on_redis() {
             c(&["hdel", "h", "a", "z"]),
             c(&["get", "h"]),
             c(&["hset", "h", "a"]),
+            // Fields in the order first set, an update kept in place, a
+            // deleted one gone from its place.
+            c(&["hset", "g", "z", "1", "b", "2", "m", "3"]),
+            c(&["hset", "g", "b", "4"]),
+            c(&["hgetall", "g"]),
+            c(&["hdel", "g", "z"]),
+            c(&["hset", "g", "z", "5"]),
+            c(&["hgetall", "g"]),
+            c(&["hkeys", "g"]),
+            c(&["hvals", "g"]),
+            c(&["hmget", "g", "m", "none", "z"]),
+            c(&["hmget", "none", "a", "b"]),
+            c(&["hgetall", "none"]),
+            c(&["hkeys", "none"]),
+            c(&["hsetnx", "g", "m", "9"]),
+            c(&["hsetnx", "g", "n", "9"]),
+            c(&["hsetnx", "fresh", "a", "1"]),
+            c(&["hincrby", "g", "n", "-10"]),
+            c(&["hincrby", "g", "new", "3"]),
+            c(&["hincrby", "g", "new", "x"]),
+            c(&["hset", "g", "s", "abc"]),
+            c(&["hincrby", "g", "s", "1"]),
+            c(&["hincrby", "g", "big", "9223372036854775807"]),
+            c(&["hincrby", "g", "big", "1"]),
+            c(&["hincrby", "nohash", "a", "x"]),
+            c(&["exists", "nohash"]),
+            c(&["hgetall", "g"]),
+            c(&["hgetall", "s"]),
+            c(&["hmget", "s", "a"]),
+            c(&["hsetnx", "s", "a", "1"]),
+            c(&["hincrby", "s", "a", "1"]),
+            c(&["hdel", "g", "z", "b", "m", "n", "new", "s", "big"]),
+            c(&["type", "g"]),
+            c(&["exists", "g"]),
             c(&["rpush", "q", "a", "b"]),
             c(&["lpush", "q", "c", "d"]),
             c(&["rpush", "q", "a"]),
@@ -656,6 +771,7 @@ fn every_shimmed_command_answers_as_on_redis() {
             c(&["lindex", "q", "-1"]),
             c(&["lindex", "q", "9"]),
             c(&["llen", "q"]),
+            c(&["type", "q"]),
             c(&["lrem", "q", "-1", "a"]),
             c(&["lrem", "q", "0", "zz"]),
             c(&["lpop", "q"]),
@@ -673,6 +789,7 @@ fn every_shimmed_command_answers_as_on_redis() {
             c(&["zscore", "z", "c"]),
             c(&["zscore", "z", "none"]),
             c(&["zcard", "z"]),
+            c(&["type", "z"]),
             c(&["zrange", "z", "0", "-1", "WITHSCORES"]),
             c(&["zrange", "z", "-1", "-1", "WITHSCORES"]),
             c(&["zrange", "z", "0", "0"]),

@@ -134,11 +134,21 @@ local function next_waiter(readers_only)
     end
     local entry = redis.call('hget', waiters, head)
     if entry then
-      redis.call('hdel', waiters, head)
       local lease, untl, fenced = string.match(entry, '^(%d+) (%d+) ?(%S*)$')
       -- (Never back to the releasing owner: an entry it left by an
       -- attempt whose answer was lost.)
-      if lease and head ~= owner and tonumber(untl) > now_ms then
+      local live = lease and head ~= owner and tonumber(untl) > now_ms
+      if live and string.find(head, '^[^:]*:s%d+%.') then
+        -- A semaphore's waiter (one key used both ways) is handed no
+        -- lock: it stays first, and its own next ask takes a permit.
+        redis.call('lpush', queue, head)
+        if redis.call('pttl', queue) < 0 then
+          redis.call('pexpire', queue, tonumber(untl) - now_ms)
+        end
+        return nil
+      end
+      redis.call('hdel', waiters, head)
+      if live then
         return head, tonumber(lease), fenced == 'f'
       end
     end

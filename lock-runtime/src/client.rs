@@ -159,6 +159,9 @@ impl LockClient {
     /// connections live on (the builder makes both).
     pub(crate) fn from_parts(config: Config, backend: Backend, io: Io) -> LockClient {
         let id: Arc<str> = uuid::Uuid::new_v4().simple().to_string().into();
+        // Owner ids are "<client id>:<rest>": the scripts and `Mode::of`
+        // read the rest after the first ':'.
+        debug_assert!(!id.contains(':'), "a client id with a ':': {id}");
         let inner = Arc::new_cyclic(|me: &Weak<Inner>| {
             let me = me.clone();
             Inner {

@@ -7,6 +7,7 @@ use tokio::time::Instant;
 
 use crate::backend::Released;
 use crate::hold::Hold;
+use crate::key::Mode;
 use crate::metrics;
 use crate::scope::Scope;
 use crate::watchdog::Left;
@@ -44,11 +45,14 @@ pub struct LockGuard {
 }
 
 impl LockGuard {
-    /// The first guard of a fresh acquisition; it joins `scope` so that
-    /// nested calls there re-enter it.
+    /// The first guard of a fresh acquisition; a lock joins `scope` so that
+    /// nested calls there re-enter it. A permit joins no scope here: only
+    /// its own body's ([`LockGuard::body_scope`]).
     pub(crate) fn fresh(hold: Hold, scope: Option<Arc<Scope>>) -> Self {
-        metrics::holding(hold.label, 1.0);
+        metrics::holding(hold.label, hold.mode(), 1.0);
         let hold = Arc::new(hold);
+        let permit = Mode::of(&hold.owner).permits().is_some();
+        let scope = scope.filter(|_| !permit);
         if let Some(s) = &scope {
             s.insert(&hold.client.inner.id, &hold);
         }
@@ -59,6 +63,19 @@ impl LockGuard {
             reentry: false,
             rest: None,
         }
+    }
+
+    /// The scope to run this guard's body in: for a fresh permit, a child
+    /// of `outer` that holds it, so that only calls nested in the body
+    /// re-enter it; `None` (run in `outer`) otherwise.
+    pub(crate) fn body_scope(&mut self, outer: Option<Arc<Scope>>) -> Option<Arc<Scope>> {
+        let permit = Mode::of(&self.hold.owner).permits().is_some();
+        if !permit || self.reentry || self.scope.is_some() || self.rest.is_some() {
+            return None;
+        }
+        let scope = Scope::body_of(outer, &self.hold.client.inner.id, &self.hold);
+        self.scope = Some(scope.clone());
+        Some(scope)
     }
 
     /// Another guard of a hold its scope already counted.
@@ -237,7 +254,7 @@ impl LockGuard {
             Ok(Released::NotOwner) => {
                 if !was_lost {
                     // Found out only now: lost before the release.
-                    metrics::lost(hold.label);
+                    metrics::lost(hold.label, hold.mode());
                 }
                 Err(self.lost_error())
             }
@@ -272,9 +289,9 @@ impl LockGuard {
             .watchdog
             .leave(&hold.held, (&hold.name.hash, &hold.owner));
         if left.was_lost {
-            metrics::lost(hold.label);
+            metrics::lost(hold.label, hold.mode());
         }
-        metrics::held(hold.label, hold.acquired_at.elapsed());
+        metrics::held(hold.label, hold.mode(), hold.acquired_at.elapsed());
         Some(left)
     }
 }

@@ -34,6 +34,11 @@ pub(crate) struct Hold {
 }
 
 impl Hold {
+    /// What metrics call this hold's mode (`key::Mode::label`).
+    pub(crate) fn mode(&self) -> &'static str {
+        crate::key::Mode::of(&self.owner).label()
+    }
+
     pub(crate) fn is_lost(&self) -> bool {
         self.held.is_lost()
     }
@@ -77,6 +82,6 @@ impl Hold {
 
 impl Drop for Hold {
     fn drop(&mut self) {
-        metrics::holding(self.label, -1.0);
+        metrics::holding(self.label, self.mode(), -1.0);
     }
 }

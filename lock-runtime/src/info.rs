@@ -13,14 +13,23 @@ pub enum LockMode {
     /// Held by one writer ([`LockClient::lock`](crate::LockClient::lock)),
     /// or by nobody while waiters queue.
     Write,
+    /// Held by up to `permits` holders at once, each with its own permit
+    /// ([`LockClient::semaphore`](crate::LockClient::semaphore)). `permits`
+    /// is the largest that a holder's request gave (two versions of a
+    /// service may disagree on it, and each keeps its own limit).
+    Semaphore {
+        /// How many holders the semaphore admits.
+        permits: u32,
+    },
 }
 
 impl fmt::Display for LockMode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            LockMode::Read => "read",
-            LockMode::Write => "write",
-        })
+        match self {
+            LockMode::Read => f.write_str("read"),
+            LockMode::Write => f.write_str("write"),
+            LockMode::Semaphore { permits } => write!(f, "semaphore({permits})"),
+        }
     }
 }
 

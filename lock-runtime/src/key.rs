@@ -163,6 +163,70 @@ pub(crate) fn is_reader(owner: &str) -> bool {
         .is_some_and(|i| owner.as_bytes().get(i + 1) == Some(&b'r'))
 }
 
+/// What a hold or a request is: the one thing every backend switches on.
+/// Kept in the owner id (`<client id>:<n>` a writer, `<client id>:r<n>` a
+/// reader, `<client id>:s<permits>.<n>` a permit of a semaphore admitting
+/// `permits` holders), so that every record naming an owner (the lock, a
+/// semaphore's hash field, a queue entry, a renewal) says it without a field
+/// of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Mode {
+    /// The exclusive lock.
+    Write,
+    /// A shared read lock.
+    Read,
+    /// One permit of a semaphore that admits at most `permits` holders
+    /// (never 0).
+    Permit(u32),
+}
+
+impl Mode {
+    /// The mode an owner id says.
+    pub(crate) fn of(owner: &str) -> Mode {
+        let Some(i) = owner.find(':') else {
+            return Mode::Write;
+        };
+        let rest = &owner[i + 1..];
+        match rest.as_bytes().first() {
+            Some(b'r') => Mode::Read,
+            Some(b's') => rest[1..]
+                .split('.')
+                .next()
+                .and_then(|n| n.parse().ok())
+                .filter(|&n| n > 0)
+                .map_or(Mode::Write, Mode::Permit),
+            _ => Mode::Write,
+        }
+    }
+
+    /// A new owner id of this mode for `client`, unique by `n`.
+    pub(crate) fn owner(self, client: &str, n: u64) -> Arc<str> {
+        match self {
+            Mode::Write => format!("{client}:{n}"),
+            Mode::Read => format!("{client}:r{n}"),
+            Mode::Permit(permits) => format!("{client}:s{permits}.{n}"),
+        }
+        .into()
+    }
+
+    /// What metrics (label `mode`) and spans (field `mode`) call it.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Mode::Write => "write",
+            Mode::Read => "read",
+            Mode::Permit(_) => "semaphore",
+        }
+    }
+
+    /// The semaphore's size, for a permit.
+    pub(crate) fn permits(self) -> Option<u32> {
+        match self {
+            Mode::Permit(n) => Some(n),
+            _ => None,
+        }
+    }
+}
+
 /// The client id at the front of an owner id (`<client id>:<n>`).
 pub(crate) fn client_of(owner: &str) -> &str {
     owner.split(':').next().unwrap_or(owner)
@@ -197,6 +261,14 @@ mod tests {
         assert_eq!(n.waiters(), "lock:{order:42}:waiters");
         assert_eq!(n.readers(), "lock:{order:42}:readers");
         assert!(is_reader("c1:r7") && !is_reader("c1:7") && !is_reader("r:7"));
+        assert_eq!(Mode::of("c1:s4.7"), Mode::Permit(4));
+        assert_eq!(Mode::of("c1:r7"), Mode::Read);
+        assert_eq!(Mode::of("c1:7"), Mode::Write);
+        assert_eq!(Mode::of("c1:s0.7"), Mode::Write);
+        for mode in [Mode::Write, Mode::Read, Mode::Permit(12)] {
+            assert_eq!(Mode::of(&mode.owner("c1", 7)), mode);
+        }
+        assert!(!is_reader("c1:s2.9"));
         assert_eq!(n.grants(), "lock:{order:42}:granted:");
         assert_eq!(&*n.grant_channel("c1"), "lock:{order:42}:granted:c1");
         let back = LockName::of_grant_channel(&n.grant_channel("c1"), "lock:").unwrap();

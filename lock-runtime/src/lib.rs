@@ -136,7 +136,8 @@
 //! With the `metrics` feature, through the
 //! [`metrics`](https://docs.rs/metrics) facade, each with the label `lock`
 //! (the attribute's key template as written, or [`LockRequest::name`],
-//! default `"manual"`; never the formatted key):
+//! default `"manual"`; never the formatted key) and the label `mode`
+//! (`"write"`, `"read"` or `"semaphore"`):
 //! `distributed_lock_acquired_total` (fresh acquisitions, not reentries),
 //! `distributed_lock_busy_total` (gave up busy: `Timeout`, skipped),
 //! `distributed_lock_lost_total` (holds lost while held),
@@ -246,6 +247,13 @@ pub use info::{LockInfo, LockMode};
 ///     Ok(1)
 /// }
 ///
+/// // A semaphore: at most 2 bodies at once for the key.
+/// #[distributed_lock(key = "render:{tenant}", permits = 2, wait = "0s")]
+/// async fn render(tenant: u64) -> Result<usize, LockError> {
+///     let info = lock_runtime::client()?.inspect(format!("render:{tenant}")).await?;
+///     Ok(info.map_or(0, |i| i.holders.len()))
+/// }
+///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), LockError> {
 /// lock_runtime::init(LockClient::memory())?;
@@ -254,6 +262,12 @@ pub use info::{LockInfo, LockMode};
 /// assert_eq!(report().await?, 0); // busy: skipped, u32::default()
 /// other.release().await?;
 /// assert_eq!(report().await?, 1);
+///
+/// let first = lock_runtime::client()?.semaphore("render:7", 2).await?;
+/// assert_eq!(render(7).await?, 2); // beside `first`
+/// let second = lock_runtime::client()?.semaphore("render:7", 2).await?;
+/// assert!(matches!(render(7).await, Err(LockError::Timeout { .. }))); // both permits taken
+/// # drop((first, second));
 /// # Ok(()) }
 /// ```
 pub use lock_macros::distributed_lock;

@@ -71,35 +71,39 @@ pub(crate) const METRICS: [(&str, &str, &str); 6] = [
 static META: metrics::Metadata<'static> =
     metrics::Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
 
-/// The key of series `name` for lock `lock`, as `name!(name, "lock" =>
-/// lock)` makes it but without allocating: each label is made once, and
-/// kept for the process (label values are a bounded set: see [`intern`]).
+/// The key of series `name` for lock `lock` held in `mode`, as
+/// `name!(name, "lock" => lock, "mode" => mode)` makes it but without
+/// allocating: each pair of labels is made once, and kept for the process
+/// (label values are a bounded set: see [`intern`]; modes are constants).
 #[cfg(feature = "metrics")]
-fn key(name: &'static str, lock: &'static str) -> metrics::Key {
-    metrics::Key::from_static_parts(name, labels(lock))
+fn key(name: &'static str, lock: &'static str, mode: &'static str) -> metrics::Key {
+    metrics::Key::from_static_parts(name, labels(lock, mode))
 }
 
-/// `[("lock", lock)]`, made once per label.
+/// `[("lock", lock), ("mode", mode)]`, made once per pair.
 #[cfg(feature = "metrics")]
-fn labels(lock: &'static str) -> &'static [metrics::Label] {
+fn labels(lock: &'static str, mode: &'static str) -> &'static [metrics::Label] {
     use std::cell::Cell;
     use std::collections::HashMap;
     type Labels = &'static [metrics::Label];
+    type Pair = (&'static str, &'static str);
     thread_local! {
-        /// The last label this thread used: most code locks under one.
-        static LAST: Cell<Option<(&'static str, Labels)>> = const { Cell::new(None) };
+        /// The last labels this thread used: most code locks under one.
+        static LAST: Cell<Option<(Pair, Labels)>> = const { Cell::new(None) };
     }
-    static ALL: LazyLock<Mutex<HashMap<&'static str, Labels>>> = LazyLock::new(Mutex::default);
-    if let Some((last, labels)) = LAST.with(Cell::get) {
-        if std::ptr::eq(last, lock) {
+    static ALL: LazyLock<Mutex<HashMap<Pair, Labels>>> = LazyLock::new(Mutex::default);
+    if let Some(((last, last_mode), labels)) = LAST.with(Cell::get) {
+        if std::ptr::eq(last, lock) && last_mode == mode {
             return labels;
         }
     }
-    let labels: Labels =
-        *ALL.lock().unwrap().entry(lock).or_insert_with(|| {
-            Box::leak(Box::new([metrics::Label::from_static_parts("lock", lock)]))
-        });
-    LAST.with(|l| l.set(Some((lock, labels))));
+    let labels: Labels = *ALL.lock().unwrap().entry((lock, mode)).or_insert_with(|| {
+        Box::leak(Box::new([
+            metrics::Label::from_static_parts("lock", lock),
+            metrics::Label::from_static_parts("mode", mode),
+        ]))
+    });
+    LAST.with(|l| l.set(Some(((lock, mode), labels))));
     labels
 }
 
@@ -130,47 +134,49 @@ pub(crate) fn describe() {
 }
 
 /// A fresh hold began (`+1`) or ended (`-1`): the gauge of locks held.
-pub(crate) fn holding(lock: &'static str, delta: f64) {
+pub(crate) fn holding(lock: &'static str, mode: &'static str, delta: f64) {
     #[cfg(feature = "metrics")]
-    metrics::with_recorder(|r| r.register_gauge(&key(HELD_LOCKS, lock), &META)).increment(delta);
+    metrics::with_recorder(|r| r.register_gauge(&key(HELD_LOCKS, lock, mode), &META))
+        .increment(delta);
     #[cfg(not(feature = "metrics"))]
-    let _ = (lock, delta);
+    let _ = (lock, mode, delta);
 }
 
 /// A fresh acquisition (not a reentry), `waited` after it was asked for.
-pub(crate) fn acquired(lock: &'static str, waited: Duration) {
+pub(crate) fn acquired(lock: &'static str, mode: &'static str, waited: Duration) {
     #[cfg(feature = "metrics")]
     {
-        metrics::with_recorder(|r| r.register_counter(&key(ACQUIRED, lock), &META)).increment(1);
-        metrics::with_recorder(|r| r.register_histogram(&key(ACQUIRE_SECONDS, lock), &META))
+        metrics::with_recorder(|r| r.register_counter(&key(ACQUIRED, lock, mode), &META))
+            .increment(1);
+        metrics::with_recorder(|r| r.register_histogram(&key(ACQUIRE_SECONDS, lock, mode), &META))
             .record(waited.as_secs_f64());
     }
     #[cfg(not(feature = "metrics"))]
-    let _ = (lock, waited);
+    let _ = (lock, mode, waited);
 }
 
 /// A request that gave up busy: `Timeout`, or skipped
 /// (`on_busy = "skip"`, `try_acquire` returning `None`).
-pub(crate) fn busy(lock: &'static str) {
+pub(crate) fn busy(lock: &'static str, mode: &'static str) {
     #[cfg(feature = "metrics")]
-    metrics::with_recorder(|r| r.register_counter(&key(BUSY, lock), &META)).increment(1);
+    metrics::with_recorder(|r| r.register_counter(&key(BUSY, lock, mode), &META)).increment(1);
     #[cfg(not(feature = "metrics"))]
-    let _ = lock;
+    let _ = (lock, mode);
 }
 
 /// A hold lost while held (expired unrenewed, deleted, or `max_hold`).
-pub(crate) fn lost(lock: &'static str) {
+pub(crate) fn lost(lock: &'static str, mode: &'static str) {
     #[cfg(feature = "metrics")]
-    metrics::with_recorder(|r| r.register_counter(&key(LOST, lock), &META)).increment(1);
+    metrics::with_recorder(|r| r.register_counter(&key(LOST, lock, mode), &META)).increment(1);
     #[cfg(not(feature = "metrics"))]
-    let _ = lock;
+    let _ = (lock, mode);
 }
 
 /// A hold ended (released or dropped) `held` after it was acquired.
-pub(crate) fn held(lock: &'static str, held: Duration) {
+pub(crate) fn held(lock: &'static str, mode: &'static str, held: Duration) {
     #[cfg(feature = "metrics")]
-    metrics::with_recorder(|r| r.register_histogram(&key(HELD_SECONDS, lock), &META))
+    metrics::with_recorder(|r| r.register_histogram(&key(HELD_SECONDS, lock, mode), &META))
         .record(held.as_secs_f64());
     #[cfg(not(feature = "metrics"))]
-    let _ = (lock, held);
+    let _ = (lock, mode, held);
 }

@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 
 use crate::backend::Seen;
-use crate::key::{is_reader, LockName};
+use crate::key::{is_reader, LockName, Mode};
 use crate::{glob, LockClient, LockError, LockInfo, LockMode};
 
 /// Locks read at once while listing.
@@ -177,7 +177,14 @@ fn info(name: &LockName, seen: Seen) -> Option<LockInfo> {
     if seen.holders.is_empty() && seen.waiters == 0 {
         return None;
     }
-    let mode = if seen.holders.first().is_some_and(|h| is_reader(h)) {
+    let permits = seen
+        .holders
+        .iter()
+        .filter_map(|h| Mode::of(h).permits())
+        .max();
+    let mode = if let Some(permits) = permits {
+        LockMode::Semaphore { permits }
+    } else if seen.holders.first().is_some_and(|h| is_reader(h)) {
         LockMode::Read
     } else {
         LockMode::Write

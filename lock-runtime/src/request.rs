@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use crate::backend::fault::Fault;
 use crate::backend::{Acquired, Queue, Queued, Renewal};
 use crate::hold::Hold;
-use crate::key::LockName;
+use crate::key::{LockName, Mode};
 use crate::metrics;
 use crate::on_lost::OnLost;
 use crate::protocol::{self, Acquiring, AfterBusy, Listening, OnGrant};
@@ -57,8 +57,9 @@ pub struct LockRequest {
     pub(crate) key: String,
     /// A multi-key lock's other keys (`LockClient::lock_all`).
     more: Vec<String>,
-    /// Shared (`LockClient::read_lock`) rather than exclusive.
-    read: bool,
+    /// Exclusive, shared (`LockClient::read_lock`), or one permit of a
+    /// semaphore (`LockClient::semaphore`).
+    mode: Mode,
     lease: Option<Duration>,
     pub(crate) wait: Option<Duration>,
     pub(crate) on_lost: OnLost,
@@ -127,6 +128,45 @@ impl LockClient {
         self.lock(key)
     }
 
+    /// One permit of the semaphore `key`: at most `permits` holders at
+    /// once, across every client and process (`docs/SEMAPHORES.md`).
+    ///
+    /// A request is admitted while fewer than its own `permits` hold the
+    /// key, so two versions of a service that disagree on the number each
+    /// keep their own limit, and nothing is set up first. Each permit has
+    /// its own lease, renewed by the watchdog (a holder that dies frees its
+    /// permit one lease later), and its own fencing token, unique and
+    /// increasing per key. Waiters queue first come first served, and a
+    /// returned permit is handed to the first of them directly. Inside a
+    /// body that holds a permit of `key`, a request for it re-enters (no
+    /// second permit). `.lease()`, `.wait()`, `.fence(false)`,
+    /// `.min_hold()`, `.max_hold()` mean what they mean for a lock.
+    ///
+    /// `permits` 0 admits nobody: the request fails with
+    /// [`LockError::Config`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), lock_runtime::LockError> {
+    /// # let client = lock_runtime::LockClient::memory();
+    /// # if client.semaphore("x", 1).await.is_err() { return Ok(()) }
+    /// use std::time::Duration;
+    ///
+    /// let a = client.semaphore("render:acme", 2).await?;
+    /// let b = client.semaphore("render:acme", 2).await?;
+    /// let third = client.semaphore("render:acme", 2).wait(Duration::ZERO).await;
+    /// assert!(matches!(third, Err(lock_runtime::LockError::Timeout { .. })));
+    /// assert_ne!(a.fence(), b.fence());
+    /// a.release().await?;
+    /// b.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn semaphore(&self, key: impl Into<String>, permits: u32) -> LockRequest {
+        let mut request = LockRequest::new(self.clone(), key.into());
+        request.mode = Mode::Permit(permits);
+        request
+    }
+
     /// [`lock_all`](Self::lock_all) with read locks: all keys read-held, or
     /// none (what `#[distributed_lock(keys = [...], mode = "read")]` takes).
     pub fn read_lock_all(&self, keys: impl IntoIterator<Item = impl Into<String>>) -> LockRequest {
@@ -166,7 +206,7 @@ impl LockRequest {
             client,
             key,
             more: Vec::new(),
-            read: false,
+            mode: Mode::Write,
             lease: None,
             wait: None,
             on_lost: OnLost::default(),
@@ -179,7 +219,7 @@ impl LockRequest {
 
     /// A read lock: shared with other readers (see [`LockClient::read_lock`]).
     pub(crate) fn shared(mut self) -> Self {
-        self.read = true;
+        self.mode = Mode::Read;
         self
     }
 
@@ -282,12 +322,12 @@ impl LockRequest {
     /// its argument and inside the span's, and every lock builds it on the
     /// stack and moves it into its box.
     fn acquire(self) -> impl Future<Output = Result<LockGuard, LockError>> + Send {
-        let phases = spans::acquire(&self.key, self.label, self.wait);
+        let phases = spans::acquire(&self.key, self.label, self.mode.label(), self.wait);
         spans::acquiring(phases, self.acquire_counted())
     }
 
     async fn acquire_counted(self) -> Result<LockGuard, LockError> {
-        let label = self.label;
+        let (label, mode) = (self.label, self.mode.label());
         let started = Instant::now();
         let out = if self.more.is_empty() {
             self.acquire_open().await
@@ -301,11 +341,11 @@ impl LockRequest {
             }
             Ok(guard) => {
                 spans::acquired(guard.key(), label, "acquired", Some(guard.fence()), false);
-                metrics::acquired(label, started.elapsed());
+                metrics::acquired(label, mode, started.elapsed());
             }
             Err(LockError::Timeout { key, .. }) => {
                 spans::acquired(key, label, "busy", None, false);
-                metrics::busy(label);
+                metrics::busy(label, mode);
             }
             Err(LockError::Lost { key } | LockError::MaxHoldReached { key, .. }) => {
                 spans::acquired(key, label, "lost", None, true);
@@ -339,7 +379,7 @@ impl LockRequest {
                 client: self.client.clone(),
                 key,
                 more: Vec::new(),
-                read: self.read,
+                mode: self.mode,
                 lease: self.lease,
                 wait: Some(deadline.saturating_duration_since(Instant::now())),
                 on_lost: self.on_lost,
@@ -395,7 +435,7 @@ impl LockRequest {
         let LockRequest {
             client,
             key,
-            read,
+            mode,
             lease,
             wait,
             min_hold,
@@ -428,7 +468,12 @@ impl LockRequest {
             contended: false,
         };
         let scope = scope::current();
-        if let Some(guard) = reenter(&client, &scope, &name, lease, read)? {
+        if mode == Mode::Permit(0) {
+            return Err(LockError::Config(format!(
+                "semaphore `{key}`: permits must be at least 1 (0 admits nobody)"
+            )));
+        }
+        if let Some(guard) = reenter(&client, &scope, &name, lease, mode)? {
             return Ok(guard);
         }
         if client.inner.shutdown.is_closed() {
@@ -436,10 +481,8 @@ impl LockRequest {
         }
         // Unique to this acquisition: a repeated send is recognised, and a
         // clean-up can never touch another hold. A reader's says so, which
-        // is how every backend tells the two kinds of hold apart.
-        let mode = if read { "r" } else { "" };
-        let new_owner =
-            || -> Arc<str> { format!("{}:{mode}{}", client.inner.id, scope::next_holder()).into() };
+        // is how every backend tells the kinds of hold apart (`Mode::of`).
+        let new_owner = || -> Arc<str> { mode.owner(&client.inner.id, scope::next_holder()) };
         let mut owner = new_owner();
         // From before the first send until this request ends, a grant for
         // `owner` is this request's, whatever it is doing when the message
@@ -557,7 +600,7 @@ impl LockRequest {
             if let Some(j) = joined.as_mut().as_pin_mut() {
                 j.enable();
             }
-            if let Some(guard) = reenter(&client, &scope, &name, lease, read)? {
+            if let Some(guard) = reenter(&client, &scope, &name, lease, mode)? {
                 return Ok(guard);
             }
             if !matches!(&waiter, Some(w) if !w.is_stale()) {
@@ -799,28 +842,34 @@ fn acquired(key: &str, guard: LockGuard, started: Instant) -> LockGuard {
 }
 
 /// Re-enter `name` if the caller's scope holds it: a write hold serves
-/// reads and writes, a read hold only reads (`read`).
+/// every request, a read hold only reads, a permit only permits.
 fn reenter(
     client: &LockClient,
     scope: &Option<Arc<Scope>>,
     name: &LockName,
     lease: Duration,
-    read: bool,
+    mode: Mode,
 ) -> Result<Option<LockGuard>, LockError> {
     let Some(s) = scope else {
         return Ok(None);
     };
-    match s.reenter(&client.inner.id, &name.hash, read) {
+    let (found, at) = s.reenter(&client.inner.id, &name.hash, mode);
+    match found {
         Reentry::Upgrade => Err(LockError::UpgradeRefused {
             key: name.key.to_string(),
         }),
+        Reentry::Mixed => Err(LockError::Config(format!(
+            "`{}` is held in this scope as a {}: a key is used as a lock or as a semaphore, not both (the request would wait for this scope itself)",
+            name.key,
+            if mode.permits().is_some() { "read lock" } else { "semaphore permit" }
+        ))),
         Reentry::Held(hold) => {
             client
                 .inner
                 .watchdog
                 .raise_lease(&hold.held, (&hold.name.hash, &hold.owner), lease);
             tracing::trace!(key = %name.key, fence = hold.fence, "lock re-entered");
-            Ok(Some(LockGuard::reentered(hold, s.clone())))
+            Ok(Some(LockGuard::reentered(hold, at)))
         }
         // The outer hold is gone: a fresh grant under it would hide that.
         Reentry::Lost => Err(LockError::Lost {
@@ -885,6 +934,7 @@ impl std::fmt::Debug for LockRequest {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LockRequest")
             .field("key", &self.key)
+            .field("mode", &self.mode)
             .field("lease", &self.lease)
             .field("wait", &self.wait)
             .finish()

@@ -73,14 +73,23 @@ impl LockRequest {
 
     async fn run_in_scope<F: Future>(self, body: F) -> Result<F::Output, LockError> {
         let on_lost = self.on_lost;
-        let guard = self.await?;
+        let mut guard = self.await?;
+        // A permit's own body is the only place that re-enters it.
+        let scoped = guard.body_scope(scope::current());
         // The body runs in a `lock.hold` span (DEBUG; INFO from a loss
         // on): a trace shows how long it held the lock, after the
         // `lock.acquire` span showed the wait.
         let (label, fence) = (guard.label(), guard.fence());
         let phases = spans::hold(guard.key(), label, fence);
         let fences = BodyFences::of(guard.key_fences());
-        let body = spans::Held::new(scope::with_fences(fences, body), phases);
+        let body = scope::with_fences(fences, body);
+        let body = async move {
+            match scoped {
+                Some(s) => scope::within(s, body).await,
+                None => body.await,
+            }
+        };
+        let body = spans::Held::new(body, phases);
         tokio::pin!(body);
         let lost = guard.lost();
         let out = tokio::select! {
@@ -171,5 +180,85 @@ mod tests {
         let run = client.lock("k").run(async {});
         let size = std::mem::size_of_val(&run);
         assert!(size < 3 * 1024, "a run future is {size} bytes");
+    }
+}
+
+#[cfg(test)]
+mod permit_scope_tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use crate::LockClient;
+
+    /// Bodies of a one-permit semaphore, joined inside a locked body: the
+    /// lock's scope-mates share the lock, but never a permit, so no two of
+    /// these bodies run at once.
+    #[tokio::test]
+    async fn joined_permit_calls_in_a_locked_body_never_overlap() {
+        let client = LockClient::memory();
+        let (inside, most, ran) = (
+            AtomicUsize::new(0),
+            AtomicUsize::new(0),
+            AtomicUsize::new(0),
+        );
+        let call = || async {
+            client
+                .semaphore("provider", 1)
+                .wait(Duration::from_secs(10))
+                .run(async {
+                    let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    ran.fetch_add(1, Ordering::SeqCst);
+                })
+                .await
+        };
+        let outs = client
+            .lock("order:1")
+            .run(async { futures_util::future::join_all([call(), call(), call()]).await })
+            .await
+            .unwrap();
+        assert!(outs.iter().all(Result::is_ok), "{outs:?}");
+        assert_eq!(ran.load(Ordering::SeqCst), 3);
+        assert_eq!(
+            most.load(Ordering::SeqCst),
+            1,
+            "bodies of a 1-permit semaphore at once"
+        );
+    }
+
+    /// A call nested in a permit's body re-enters that permit, also when
+    /// every permit is in use (the one permit is the body's) (it would otherwise wait for itself); and
+    /// so do futures joined inside that body, which are part of it.
+    #[tokio::test]
+    async fn a_nested_call_re_enters_its_permit_when_all_are_in_use() {
+        let client = LockClient::memory();
+        let fences = client
+            .semaphore("provider", 1)
+            .run(async {
+                let outer = crate::current_fence();
+                let nested = || async {
+                    client
+                        .semaphore("provider", 1)
+                        .run(async { crate::current_fence() })
+                        .await
+                        .unwrap()
+                };
+                let (a, b) = futures_util::future::join(nested(), nested()).await;
+                (outer, a, b)
+            })
+            .await
+            .unwrap();
+        assert!(fences.0.is_some());
+        assert_eq!(fences.0, fences.1);
+        assert_eq!(fences.0, fences.2);
+        // And the permit was released after the body: it is free again.
+        let again = client
+            .semaphore("provider", 1)
+            .wait(Duration::ZERO)
+            .await
+            .unwrap();
+        again.release().await.unwrap();
     }
 }

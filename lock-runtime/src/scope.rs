@@ -7,6 +7,11 @@
 //! a different holder. Task-locals work the same under `block_on`,
 //! `#[tokio::main]`, `#[tokio::test]` and in spawned tasks.
 //!
+//! A permit is no scope-wide hold: a semaphore admits at most N bodies,
+//! and futures joined in one body are as many bodies. A permit joins a
+//! child scope that wraps only its own body ([`Scope::body_of`]), so calls
+//! nested in that body re-enter it and its body's siblings do not.
+//!
 //! The tokens are a task-local of their own, set around each annotated
 //! body only while that body is polled: bodies joined in one task each see
 //! their own.
@@ -19,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 
 use crate::hold::Hold;
-use crate::key::is_reader;
+use crate::key::Mode;
 
 tokio::task_local! {
     static SCOPE: Arc<Scope>;
@@ -74,6 +79,14 @@ impl BodyFences {
     }
 }
 
+/// Whether a hold of mode `held` serves a request of mode `asked`.
+fn serves(held: Mode, asked: Mode) -> bool {
+    matches!(
+        (held, asked),
+        (Mode::Write, _) | (Mode::Read, Mode::Read) | (Mode::Permit(_), Mode::Permit(_))
+    )
+}
+
 /// Process-wide so that owner ids never repeat within one client id.
 static NEXT_HOLDER: AtomicU64 = AtomicU64::new(1);
 
@@ -86,6 +99,9 @@ type HoldKey = (Arc<str>, Arc<str>);
 
 #[derive(Default)]
 pub(crate) struct Scope {
+    /// The scope a permit's body scope is nested in: locks join and
+    /// re-enter there, so scope-mates keep sharing them.
+    parent: Option<Arc<Scope>>,
     /// Each lock the scope holds, with how many of its guards are open.
     held: Mutex<HashMap<HoldKey, (Arc<Hold>, usize)>>,
     /// A lock joined the scope: a scope-mate that waits for the same key
@@ -101,16 +117,48 @@ pub(crate) enum Reentry {
     Lost,
     /// Read-held, and the write lock was asked for.
     Upgrade,
+    /// A permit held and a lock asked for, or a read lock held and a
+    /// permit asked for: one key is a lock or a semaphore, not both.
+    Mixed,
     /// Not held here.
     No,
 }
 
 impl Scope {
-    /// A request for `hash` (a read lock if `read`) in this scope.
-    pub(crate) fn reenter(&self, client: &Arc<str>, hash: &Arc<str>, read: bool) -> Reentry {
+    /// A request for `hash` of `mode` in this scope. A write hold serves
+    /// every mode; a read hold serves reads, and a permit permits: a
+    /// request that asks for more than the scope holds would wait for the
+    /// scope itself, and is refused at once.
+    ///
+    /// Returns the scope that holds it, which a re-entered guard leaves.
+    pub(crate) fn reenter(
+        self: &Arc<Self>,
+        client: &Arc<str>,
+        hash: &Arc<str>,
+        mode: Mode,
+    ) -> (Reentry, Arc<Scope>) {
+        let mut at = self;
+        loop {
+            match at.reenter_here(client, hash, mode) {
+                Reentry::No => match &at.parent {
+                    Some(parent) => at = parent,
+                    None => return (Reentry::No, self.clone()),
+                },
+                found => return (found, at.clone()),
+            }
+        }
+    }
+
+    fn reenter_here(&self, client: &Arc<str>, hash: &Arc<str>, mode: Mode) -> Reentry {
         let mut held = self.held.lock().unwrap();
         match held.get_mut(&(client.clone(), hash.clone())) {
-            Some((hold, _)) if !read && is_reader(&hold.owner) => Reentry::Upgrade,
+            Some((hold, _)) if !serves(Mode::of(&hold.owner), mode) => {
+                if Mode::of(&hold.owner) == Mode::Read && mode == Mode::Write {
+                    Reentry::Upgrade
+                } else {
+                    Reentry::Mixed
+                }
+            }
             Some((hold, _)) if hold.is_lost() => Reentry::Lost,
             Some((hold, guards)) => {
                 *guards += 1;
@@ -123,7 +171,11 @@ impl Scope {
     /// A fresh grant joins the scope. If a scope-mate's grant of the same
     /// key is there and still held, the new one stays a lone guard; a lost
     /// one is replaced (its guards then each count as the last of theirs).
+    /// A lock asked for in a permit's body joins the scope around it.
     pub(crate) fn insert(&self, client: &Arc<str>, hold: &Arc<Hold>) {
+        if let Some(parent) = self.lock_scope(hold) {
+            return parent.insert(client, hold);
+        }
         let key = (client.clone(), hold.name.hash.clone());
         let mut held = self.held.lock().unwrap();
         match held.get(&key) {
@@ -140,6 +192,9 @@ impl Scope {
     /// is to be released. Under the scope's lock, so a reentry cannot slip
     /// in between the count reaching zero and the release.
     pub(crate) fn leave(&self, client: &Arc<str>, hold: &Arc<Hold>) -> bool {
+        if let Some(parent) = self.lock_scope(hold) {
+            return parent.leave(client, hold);
+        }
         let key = (client.clone(), hold.name.hash.clone());
         let mut held = self.held.lock().unwrap();
         match held.get_mut(&key) {
@@ -156,6 +211,33 @@ impl Scope {
         }
     }
 
+    /// Where a lock held in this scope joins: a permit's body scope passes
+    /// it up, so that the body's scope-mates share it as before.
+    fn lock_scope(&self, hold: &Hold) -> Option<&Arc<Scope>> {
+        self.parent
+            .as_ref()
+            .filter(|_| Mode::of(&hold.owner).permits().is_none())
+    }
+
+    /// The scope of a fresh permit's body, nested in `parent`: the permit
+    /// is its one hold, with one guard (the caller's).
+    pub(crate) fn body_of(
+        parent: Option<Arc<Scope>>,
+        client: &Arc<str>,
+        hold: &Arc<Hold>,
+    ) -> Arc<Scope> {
+        let scope = Scope {
+            parent,
+            ..Scope::default()
+        };
+        scope
+            .held
+            .lock()
+            .unwrap()
+            .insert((client.clone(), hold.name.hash.clone()), (hold.clone(), 1));
+        Arc::new(scope)
+    }
+
     /// Resolves when a lock joins the scope.
     pub(crate) fn joined(&self) -> tokio::sync::futures::Notified<'_> {
         self.joined.notified()
@@ -170,6 +252,11 @@ pub(crate) fn current() -> Option<Arc<Scope>> {
 /// Run `fut` as a new holder.
 pub(crate) async fn enter<F: Future>(fut: F) -> F::Output {
     SCOPE.scope(Arc::default(), fut).await
+}
+
+/// Run `fut` in `scope` (a permit's body scope).
+pub(crate) async fn within<F: Future>(scope: Arc<Scope>, fut: F) -> F::Output {
+    SCOPE.scope(scope, fut).await
 }
 
 /// Run an annotated body: `current_fence()` and `current_fences()` inside

@@ -28,8 +28,19 @@ script!(RAISE_FENCE, RAISE_FENCE_SHA, "raise_fence.lua");
 script!(RENEW_READ, RENEW_READ_SHA, "renew_read.lua");
 script!(KEEP, KEEP_SHA, "keep.lua");
 script!(INSPECT, INSPECT_SHA, "inspect.lua");
+// Semaphores (docs/SEMAPHORES.md).
+script!(PERMIT, PERMIT_SHA, "permit.lua");
+script!(RELEASE_PERMIT, RELEASE_PERMIT_SHA, "release_permit.lua");
+script!(RENEW_PERMITS, RENEW_PERMITS_SHA, "renew_permits.lua");
+script!(KEEP_PERMIT, KEEP_PERMIT_SHA, "keep_permit.lua");
+script!(INSPECT_PERMITS, INSPECT_PERMITS_SHA, "inspect_permits.lua");
+script!(
+    RAISE_PERMIT_FENCE,
+    RAISE_PERMIT_FENCE_SHA,
+    "raise_permit_fence.lua"
+);
 
-pub(crate) const ALL: [&Script; 7] = [
+pub(crate) const ALL: [&Script; 13] = [
     &ACQUIRE,
     &RENEW,
     &RELEASE,
@@ -37,6 +48,12 @@ pub(crate) const ALL: [&Script; 7] = [
     &RENEW_READ,
     &KEEP,
     &INSPECT,
+    &PERMIT,
+    &RELEASE_PERMIT,
+    &RENEW_PERMITS,
+    &KEEP_PERMIT,
+    &INSPECT_PERMITS,
+    &RAISE_PERMIT_FENCE,
 ];
 
 /// The `fence_ttl` the scripts take when it is left out of a call (the

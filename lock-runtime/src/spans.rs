@@ -21,11 +21,17 @@ use tracing::Span;
 pub(crate) struct Phases {
     first: Span,
     then: Option<Span>,
+    /// The request's mode (`key::Mode::label`), for the INFO span.
+    mode: &'static str,
 }
 
 impl Phases {
     fn new(first: Span) -> Self {
-        Phases { first, then: None }
+        Phases {
+            first,
+            then: None,
+            mode: "",
+        }
     }
 
     /// The span the work runs in now.
@@ -51,22 +57,31 @@ impl Phases {
 }
 
 /// The `lock.acquire` span of a request, at DEBUG.
-pub(crate) fn acquire(key: &str, lock: &'static str, wait: Option<Duration>) -> Phases {
-    Phases::new(tracing::debug_span!(
+pub(crate) fn acquire(
+    key: &str,
+    lock: &'static str,
+    mode: &'static str,
+    wait: Option<Duration>,
+) -> Phases {
+    let mut phases = Phases::new(tracing::debug_span!(
         "lock.acquire",
         key = %key,
         lock = %lock,
+        mode = mode,
         wait_ms = wait.map(|w| w.as_millis() as u64),
         outcome = Empty,
         fence = Empty,
-    ))
+    ));
+    phases.mode = mode;
+    phases
 }
 
-fn acquire_info(key: &str, lock: &'static str, wait: Option<Duration>) -> Span {
+fn acquire_info(key: &str, lock: &'static str, mode: &'static str, wait: Option<Duration>) -> Span {
     tracing::info_span!(
         "lock.acquire",
         key = %key,
         lock = %lock,
+        mode = mode,
         wait_ms = wait.map(|w| w.as_millis() as u64),
         outcome = Empty,
         fence = Empty,
@@ -87,8 +102,9 @@ pub(crate) fn acquiring<F: Future>(phases: Phases, fut: F) -> impl Future<Output
 /// The request being acquired starts to wait: INFO from here on.
 pub(crate) fn waiting(key: &str, lock: &'static str, wait: Duration) {
     let _ = ACQUIRE.try_with(|p| {
-        p.borrow_mut()
-            .promote(|| acquire_info(key, lock, Some(wait)))
+        let mut p = p.borrow_mut();
+        let mode = p.mode;
+        p.promote(|| acquire_info(key, lock, mode, Some(wait)))
     });
 }
 
@@ -104,7 +120,8 @@ pub(crate) fn acquired(
     let _ = ACQUIRE.try_with(|p| {
         let mut p = p.borrow_mut();
         if notable {
-            p.promote(|| acquire_info(key, lock, None));
+            let mode = p.mode;
+            p.promote(|| acquire_info(key, lock, mode, None));
         }
         p.record("outcome", outcome);
         if let Some(fence) = fence {

@@ -7,6 +7,10 @@
 //! lockctl release order:42 --force --holder 3f2a…:7   # only if it still holds
 //! ```
 //!
+//! A semaphore (`client.semaphore(key, n)`, `permits = n`) shows as mode
+//! `semaphore(n)` with every permit holder; `release --force` frees every
+//! permit, `--holder ID` that holder's one.
+//!
 //! Exit status: 0 found (a lock listed, shown or released), 1 not found,
 //! 2 error (bad usage, unreachable Redis, `release` without `--force`).
 
@@ -78,14 +82,16 @@ enum Command {
         /// The keys to list, as the services name them (without prefix).
         pattern: Option<String>,
     },
-    /// One lock: mode, holders, lease left, waiters, last fencing token.
+    /// One lock: mode, holders, lease left, waiters, last fencing token
+    /// (of a semaphore: its permits and every permit holder).
     Show {
         /// The key, as the services name it (without prefix).
         key: String,
     },
     /// Clear a stuck lock: its hold ends as if its lease ran out, and the
-    /// next waiter gets it at once. The old holder learns at its next
-    /// renewal; until then its work may still be running.
+    /// next waiter gets it at once (of a semaphore: every permit, or with
+    /// --holder that holder's). The old holder learns at its next renewal;
+    /// until then its work may still be running.
     Release {
         /// The key, as the services name it (without prefix).
         key: String,

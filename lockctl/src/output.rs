@@ -4,18 +4,32 @@
 use std::io::Write;
 use std::time::Duration;
 
-use lock_runtime::LockInfo;
+use lock_runtime::{LockInfo, LockMode};
 use serde_json::{json, Value};
 
 pub(crate) struct Output {
     json: bool,
 }
 
-/// A lock as one JSON object.
+/// A semaphore's size; `None` for a lock.
+fn permits(info: &LockInfo) -> Option<u32> {
+    match info.mode {
+        LockMode::Semaphore { permits } => Some(permits),
+        _ => None,
+    }
+}
+
+/// A lock as one JSON object: `mode` is `read`, `write` or `semaphore`
+/// (then `permits` is its size; `null` for a lock).
 fn object(info: &LockInfo) -> Value {
+    let mode = match info.mode {
+        LockMode::Semaphore { .. } => "semaphore".to_owned(),
+        other => other.to_string(),
+    };
     json!({
         "key": info.key,
-        "mode": info.mode.to_string(),
+        "mode": mode,
+        "permits": permits(info),
         "holders": info.holders,
         "ttl_ms": info.ttl.map(|t| t.as_millis() as u64),
         "waiters": info.waiters,
@@ -100,14 +114,29 @@ impl Output {
             print([object(info).to_string()]);
             return;
         }
-        print([
+        let mode = match permits(info) {
+            Some(n) => format!(
+                "semaphore, {} of {n} permit{} held",
+                info.holders.len(),
+                if n == 1 { "" } else { "s" }
+            ),
+            None => info.mode.to_string(),
+        };
+        // One holder a line: a semaphore's (or readers') can be many.
+        let mut holders = info.holders.iter();
+        let first = holders.next().map_or("-", String::as_str);
+        let mut lines = vec![
             format!("key      {}", info.key),
-            format!("mode     {}", info.mode),
-            format!("holders  {}", holders(info)),
+            format!("mode     {mode}"),
+            format!("holders  {first}"),
+        ];
+        lines.extend(holders.map(|h| format!("         {h}")));
+        lines.extend([
             format!("ttl      {}", ttl(info.ttl)),
             format!("waiters  {}", info.waiters),
             format!("fence    {}", fence(info)),
         ]);
+        print(lines);
     }
 
     /// `show` of a key nobody holds or waits for: text says so, JSON
@@ -153,6 +182,11 @@ impl Output {
         };
         let line = match (released, holder, before) {
             (true, Some(h), _) => format!("{key}: released the hold of {h}; {now}"),
+            (true, None, Some(b)) if permits(b).is_some() => {
+                let n = b.holders.len();
+                let s = if n == 1 { "" } else { "s" };
+                format!("{key}: released {n} permit{s}, of {}; {now}", holders(b))
+            }
             (true, None, Some(b)) => {
                 format!("{key}: released the hold of {}; {now}", holders(b))
             }

@@ -465,3 +465,115 @@ async fn without_url_lockctl_reads_the_environment_as_the_library_does() {
     assert_eq!(run.code, 1, "{run:?}");
     guard.release().await.unwrap();
 }
+
+/// A semaphore: `show` and `list` give its mode, its size and every permit
+/// holder; `release --force --holder` frees that permit only (the waiter
+/// gets it), `release --force` every permit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphore_shows_every_permit_and_releases_one_or_all() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let (a, b) = (
+        LockClient::connect(&url).await.unwrap(),
+        LockClient::connect(&url).await.unwrap(),
+    );
+    let base = unique("ctl-sem");
+    let key = format!("{base}:render");
+    let p1 = a.semaphore(&key, 3).await.unwrap();
+    let p2 = b.semaphore(&key, 3).await.unwrap();
+    let p3 = a.semaphore(&key, 3).await.unwrap();
+    let waiter = {
+        let (b, key) = (b.clone(), key.clone());
+        tokio::spawn(async move { b.semaphore(&key, 3).wait(Duration::from_secs(30)).await })
+    };
+    assert!(eventually(Duration::from_secs(10), || b.waiting_here(&key) == 1).await);
+    let mut held = [p1.holder(), p2.holder(), p3.holder()];
+    held.sort();
+    let highest = p1.fence().max(p2.fence()).max(p3.fence());
+
+    let run = lockctl(Some(&url), &["--json", "show", &key]).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    let v = run.one();
+    assert_eq!(
+        (&v["mode"], &v["permits"]),
+        (&"semaphore".into(), &3.into()),
+        "{v}"
+    );
+    let mut shown = strings(&v["holders"]);
+    shown.sort();
+    assert_eq!(shown, held);
+    assert_eq!(v["waiters"], 1);
+    assert_eq!(v["fence"], highest);
+
+    // Text: the mode with its size, every holder on a line of its own.
+    let run = lockctl(Some(&url), &["show", &key]).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    let lines: Vec<&str> = run.stdout.lines().collect();
+    assert!(
+        lines.contains(&"mode     semaphore, 3 of 3 permits held"),
+        "{run:?}"
+    );
+    for h in held {
+        assert_eq!(
+            lines
+                .iter()
+                .filter(|l| l.trim_start_matches("holders").trim() == h)
+                .count(),
+            1,
+            "{h} not on a line of its own: {run:?}"
+        );
+    }
+    let run = lockctl(Some(&url), &["list", &format!("{base}:*")]).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    let row = run.stdout.lines().nth(1).unwrap_or_default().to_owned();
+    assert!(
+        row.starts_with(&key) && row.contains(" semaphore(3) "),
+        "{run:?}"
+    );
+    assert!(held.iter().all(|h| row.contains(h)), "{run:?}");
+    let run = lockctl(Some(&url), &["--json", "list", &format!("{base}:*")]).await;
+    assert_eq!(run.one()["permits"], 3, "{run:?}");
+
+    // One holder's permit: the waiter is served, the others keep theirs.
+    let run = lockctl(
+        Some(&url),
+        &[
+            "--json",
+            "release",
+            &key,
+            "--force",
+            "--holder",
+            p2.holder(),
+        ],
+    )
+    .await;
+    assert_eq!(run.code, 0, "{run:?}");
+    let v = run.one();
+    assert_eq!(v["released"], true);
+    let next = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter was not served")
+        .unwrap()
+        .unwrap();
+    let mut after = strings(&v["after"]["holders"]);
+    after.sort();
+    let mut expected = [p1.holder(), p3.holder(), next.holder()];
+    expected.sort();
+    assert_eq!(after, expected, "{v}");
+    assert!(matches!(p2.release().await, Err(LockError::Lost { .. })));
+
+    // Every permit.
+    let run = lockctl(Some(&url), &["release", &key, "--force"]).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(
+        run.stdout
+            .starts_with(&format!("{key}: released 3 permits, of ")),
+        "{run:?}"
+    );
+    assert_eq!(a.inspect(&key).await.unwrap(), None);
+    for g in [p1, p3, next] {
+        assert!(matches!(g.release().await, Err(LockError::Lost { .. })));
+    }
+    let run = lockctl(Some(&url), &["release", &key, "--force"]).await;
+    assert_eq!(run.code, 1, "{run:?}");
+}

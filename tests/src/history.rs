@@ -47,6 +47,26 @@
 //! A confirmed holder is never excused: its release found its lock still
 //! in Redis, so no one else can have been granted it meanwhile.
 //!
+//! **Permits.** A semaphore call records its `permits` with its attempt
+//! (`attempt_permits`) and its grant as `acquired_permit`. Permit holders
+//! of a key are not judged in pairs: at each admission, the holders then
+//! that were granted before it (a lower token) and itself must number no
+//! more than its own `permits`, and for each n the holders of an N ≤ n no
+//! more than n (calls that disagree on N: one of a larger N may be granted
+//! later and come back first). A holder that is not confirmed is left out of the count
+//! while its permit may have lapsed in Redis: wiped, told lost within
+//! `slop`, as above, and, paused, from two thirds of a lease (less `slop`)
+//! after its pause began: the watchdog renews every third of a lease, so
+//! a holder stopped while it ran had a renewal (or its grant) at most a
+//! third of a lease before; until then Redis still counted its permit and
+//! must have kept the others out. (A lock holder is excused from its
+//! pause on.) This holds where renewals reach Redis: lost replies (the
+//! command ran), kills and pauses, not a cut or a black hole.
+//! Tokens of permit holders must differ; their order is not judged
+//! (several hold at once). A `Timeout` of a semaphore call needs as many
+//! other calls as its `permits` that could have held the key during its
+//! wait.
+//!
 //! **Fences.** Per key and *epoch* (the span between two restarts that wiped
 //! Redis; an acquisition whose attempt straddles one is left out): no two
 //! writers share a fence, and no holder's token is below that of a holder
@@ -107,11 +127,22 @@ pub enum Kind {
     Attempt {
         wait_ms: u64,
     },
+    /// A semaphore call starts: its `wait`, and the `permits` it asks
+    /// within (at most that many holders, itself included).
+    AttemptPermits {
+        wait_ms: u64,
+        permits: u64,
+    },
     Acquired {
         fence: u64,
     },
     /// A read lock: shared with other readers, never with a writer.
     AcquiredRead {
+        fence: u64,
+    },
+    /// A permit of a semaphore: shared with at most `permits - 1` other
+    /// holders (the call's own `permits`), each with a token of its own.
+    AcquiredPermit {
         fence: u64,
     },
     /// `LockError::Timeout`: the lock stayed busy for the whole wait; how
@@ -193,8 +224,12 @@ impl Event {
     pub fn to_line(&self) -> String {
         let (name, a, b) = match self.kind {
             Kind::Attempt { wait_ms } => ("attempt", Some(wait_ms), None),
+            Kind::AttemptPermits { wait_ms, permits } => {
+                ("attempt_permits", Some(wait_ms), Some(permits))
+            }
             Kind::Acquired { fence } => ("acquired", Some(fence), None),
             Kind::AcquiredRead { fence } => ("acquired_read", Some(fence), None),
+            Kind::AcquiredPermit { fence } => ("acquired_permit", Some(fence), None),
             Kind::Timeout { waited_ms } => ("timeout", Some(waited_ms), None),
             Kind::Failed { waited_ms, .. } => ("failed", Some(waited_ms), None),
             Kind::Hold { ms } => ("hold", Some(ms), None),
@@ -243,8 +278,13 @@ impl Event {
         };
         let kind = match name {
             "attempt" => Kind::Attempt { wait_ms: num()? },
+            "attempt_permits" => Kind::AttemptPermits {
+                wait_ms: num()?,
+                permits: num()?,
+            },
             "acquired" => Kind::Acquired { fence: num()? },
             "acquired_read" => Kind::AcquiredRead { fence: num()? },
+            "acquired_permit" => Kind::AcquiredPermit { fence: num()? },
             "timeout" => Kind::Timeout { waited_ms: num()? },
             "failed" => Kind::Failed {
                 waited_ms: num()?,
@@ -460,6 +500,9 @@ struct Interval {
     fence: u64,
     /// A read hold: may overlap other read holds, and shares its token.
     shared: bool,
+    /// A semaphore's permit, asked within this many: may overlap fewer
+    /// than that many other permit holders, each with its own token.
+    permits: Option<u64>,
     confirm: Confirm,
     /// The end is a loss notice (lost / release said lost or failed).
     told_lost: bool,
@@ -495,6 +538,14 @@ pub struct Report {
     pub read_acquisitions: u64,
     /// Read holds that overlapped (allowed: readers share).
     pub shared_overlaps: u64,
+    /// Of which permits of a semaphore.
+    pub permit_acquisitions: u64,
+    /// Permits taken while as many holders as the call's `permits` (or
+    /// more) already held the key, none of them excused.
+    pub over_permits: Vec<String>,
+    /// The most permit holders of one key at once: counted (holders whose
+    /// permit may have lapsed left out, see the module docs), and all.
+    pub max_permit_holders: (u64, u64),
     pub timeouts: u64,
     pub failures: u64,
     pub faults: BTreeMap<&'static str, u64>,
@@ -589,6 +640,8 @@ struct Call {
     key: String,
     attempt: u64,
     wait_ns: u64,
+    /// A semaphore call: within this many permits.
+    permits: Option<u64>,
     /// When the call returned, how long it said it took, and how it ended;
     /// `None`: its process died first.
     end: Option<(u64, u64, CallEnd)>,
@@ -605,12 +658,13 @@ fn call_of(
     killed: Option<u64>,
     lease_ns: u64,
 ) -> Option<Call> {
-    let (attempt, wait_ms) = evs.iter().find_map(|e| match e.kind {
-        Kind::Attempt { wait_ms } => Some((e.t, wait_ms)),
+    let (attempt, wait_ms, permits) = evs.iter().find_map(|e| match e.kind {
+        Kind::Attempt { wait_ms } => Some((e.t, wait_ms, None)),
+        Kind::AttemptPermits { wait_ms, permits } => Some((e.t, wait_ms, Some(permits))),
         _ => None,
     })?;
     let end = evs.iter().find_map(|e| match e.kind {
-        Kind::Acquired { .. } | Kind::AcquiredRead { .. } => {
+        Kind::Acquired { .. } | Kind::AcquiredRead { .. } | Kind::AcquiredPermit { .. } => {
             Some((e.t, e.t.saturating_sub(attempt), CallEnd::Acquired))
         }
         Kind::Timeout { waited_ms } => Some((e.t, waited_ms * 1_000_000, CallEnd::Timeout)),
@@ -642,6 +696,7 @@ fn call_of(
         key: key.to_owned(),
         attempt,
         wait_ns: wait_ms * 1_000_000,
+        permits,
         end,
         may_hold_until: last + if confirmed { 0 } else { lease_ns },
     })
@@ -698,14 +753,22 @@ fn check_calls(
             ms(waited),
             ms(c.wait_ns)
         );
+        // A semaphore call is kept out only by `permits` others at once:
+        // fewer than that many in its whole wait cannot have been.
         let busy = || {
-            by_key[c.key.as_str()].iter().any(|o| {
-                (o.proc_id, o.op) != (c.proc_id, c.op)
-                    && o.attempt <= end
-                    && o.may_hold_until >= c.attempt
-            }) || resent
+            let others = by_key[c.key.as_str()]
                 .iter()
-                .any(|&(from, to)| from <= end && to >= c.attempt)
+                .filter(|o| {
+                    (o.proc_id, o.op) != (c.proc_id, c.op)
+                        && o.attempt <= end
+                        && o.may_hold_until >= c.attempt
+                })
+                .count()
+                + resent
+                    .iter()
+                    .filter(|&&(from, to)| from <= end && to >= c.attempt)
+                    .count();
+            others as u64 >= c.permits.unwrap_or(1)
         };
         let failed = match how {
             CallEnd::Acquired => None,
@@ -785,6 +848,95 @@ pub fn trace(history: &History, ops: &[(u32, u64)]) -> String {
         let _ = writeln!(out, "    {:>9.1} ms  {l}", ms(t - first));
     }
     out
+}
+
+/// At every admission of a permit holder of `key`, the holders then
+/// (itself included, those `excuse` lets off left out) must be no more
+/// than the call's own `permits`: a request is admitted while fewer than
+/// its own limit hold. Where calls disagree on N, holders of a larger N may
+/// be admitted later and come back first, so what is bounded is, for each
+/// n, the holders of an N ≤ n: at most n (each was admitted while fewer
+/// than its N ≤ n held). Counting at admissions is enough, as a count only
+/// rises there.
+fn check_permits(
+    r: &mut Report,
+    key: &str,
+    ivs: &[Interval],
+    excuse: &dyn Fn(&Interval, u64) -> Option<&'static str>,
+) {
+    let permits: Vec<&Interval> = ivs.iter().filter(|i| i.permits.is_some()).collect();
+    for (n, b) in permits.iter().enumerate() {
+        let active: Vec<&Interval> = permits[..n]
+            .iter()
+            .copied()
+            .filter(|a| a.end > b.start)
+            .collect();
+        let mut counted = vec![*b];
+        for a in &active {
+            match excuse(a, b.start) {
+                Some(reason) => {
+                    let e = r.excused.entry(reason).or_default();
+                    e.0 += 1;
+                    e.1 = e.1.max(a.end.min(b.end) - b.start);
+                }
+                None => counted.push(a),
+            }
+        }
+        let all = active.len() as u64 + 1;
+        r.max_permit_holders.0 = r.max_permit_holders.0.max(counted.len() as u64);
+        r.max_permit_holders.1 = r.max_permit_holders.1.max(all);
+        let limit = b.permits.unwrap_or(1);
+        let before = counted.iter().filter(|i| i.fence <= b.fence).count() as u64;
+        let over = if before > limit {
+            Some((limit, before, "granted before it"))
+        } else {
+            counted
+                .iter()
+                .filter_map(|i| i.permits)
+                .filter(|&n| n >= limit)
+                .find_map(|n| {
+                    let within = counted
+                        .iter()
+                        .filter(|i| i.permits.unwrap_or(1) <= n)
+                        .count() as u64;
+                    (within > n).then_some((n, within, "of N ≤ that at once"))
+                })
+        };
+        if let Some((limit, held, how)) = over {
+            let by_token = how == "granted before it";
+            let counted: Vec<&Interval> = counted
+                .into_iter()
+                .filter(|i| {
+                    if by_token {
+                        i.fence <= b.fence
+                    } else {
+                        i.permits.unwrap_or(1) <= limit
+                    }
+                })
+                .collect();
+            let who: Vec<String> = counted
+                .iter()
+                .map(|i| {
+                    format!(
+                        "proc {} op {} (fence {}, {:?})",
+                        i.proc_id, i.op, i.fence, i.confirm
+                    )
+                })
+                .collect();
+            let m = format!(
+                "key {key}: {held} permit holders {how}, {limit} allowed, admitting proc {} op {}: {}",
+                b.proc_id,
+                b.op,
+                who.join(", ")
+            );
+            r.over_permits.push(m.clone());
+            r.culprits.push(Culprit {
+                kind: "more holders than permits",
+                what: m,
+                ops: counted.iter().map(|i| (i.proc_id, i.op)).collect(),
+            });
+        }
+    }
 }
 
 /// Check a history; see the module docs for the rules.
@@ -869,8 +1021,12 @@ pub fn check(history: &History, cfg: &CheckConfig) -> Report {
         let key = evs[0].key.clone();
         let attempt = evs
             .iter()
-            .find(|e| matches!(e.kind, Kind::Attempt { .. }))
+            .find(|e| matches!(e.kind, Kind::Attempt { .. } | Kind::AttemptPermits { .. }))
             .map(|e| e.t);
+        let permits = evs.iter().find_map(|e| match e.kind {
+            Kind::AttemptPermits { permits, .. } => Some(permits),
+            _ => None,
+        });
         calls.extend(call_of(
             (p, op),
             &key,
@@ -886,7 +1042,7 @@ pub fn check(history: &History, cfg: &CheckConfig) -> Report {
         let mut op_writes = Vec::new();
         for e in &evs {
             match e.kind {
-                Kind::Attempt { .. } => r.attempts += 1,
+                Kind::Attempt { .. } | Kind::AttemptPermits { .. } => r.attempts += 1,
                 Kind::Acquired { fence } => {
                     r.acquisitions += 1;
                     acquired = Some((e.t, fence));
@@ -896,6 +1052,11 @@ pub fn check(history: &History, cfg: &CheckConfig) -> Report {
                     r.read_acquisitions += 1;
                     acquired = Some((e.t, fence));
                     shared = true;
+                }
+                Kind::AcquiredPermit { fence } => {
+                    r.acquisitions += 1;
+                    r.permit_acquisitions += 1;
+                    acquired = Some((e.t, fence));
                 }
                 Kind::Timeout { .. } => r.timeouts += 1,
                 Kind::Failed { .. } => r.failures += 1,
@@ -984,6 +1145,7 @@ pub fn check(history: &History, cfg: &CheckConfig) -> Report {
             end: end_t.max(start),
             fence,
             shared,
+            permits,
             confirm,
             told_lost,
             killed,
@@ -1023,6 +1185,32 @@ pub fn check(history: &History, cfg: &CheckConfig) -> Report {
         }
         None
     };
+    // A permit holder counts while its permit is surely still valid in
+    // Redis: paused, until two thirds of a lease after its pause began (its
+    // last renewal was at most a third of a lease before), not only until
+    // the pause as a lock holder; the other excuses as for locks.
+    let permit_excuse = |h: &Interval, t: u64| -> Option<&'static str> {
+        if h.confirm == Confirm::Confirmed {
+            return None;
+        }
+        let lapsed = stops.get(&h.proc_id).is_some_and(|v| {
+            v.iter()
+                .any(|&(s, _)| s + signal_skew >= h.attempt && s + lease_ns * 2 / 3 <= t + slop_ns)
+        });
+        if lapsed {
+            return Some("permit of a holder paused past its renewal");
+        }
+        if h.confirm == Confirm::Unknown {
+            return None;
+        }
+        if wiped_between(h.attempt, t) {
+            return Some("wiped (Redis restarted empty)");
+        }
+        if (h.told_lost || h.killed) && h.end.saturating_sub(t) <= slop_ns {
+            return Some("loss notice latency");
+        }
+        None
+    };
     for (key, ivs) in intervals.iter_mut() {
         ivs.sort_by_key(|i| i.start);
         let mut active: Vec<&Interval> = Vec::new();
@@ -1031,6 +1219,10 @@ pub fn check(history: &History, cfg: &CheckConfig) -> Report {
             for a in &active {
                 if a.shared && b.shared {
                     r.shared_overlaps += 1;
+                    continue;
+                }
+                // Permit holders are counted together, below.
+                if a.permits.is_some() && b.permits.is_some() {
                     continue;
                 }
                 let o_start = b.start;
@@ -1058,6 +1250,7 @@ pub fn check(history: &History, cfg: &CheckConfig) -> Report {
             }
             active.push(b);
         }
+        check_permits(&mut r, key, ivs, &permit_excuse);
         // Held across a wipe.
         for i in ivs.iter() {
             if i.confirm == Confirm::Confirmed
@@ -1087,6 +1280,23 @@ pub fn check(history: &History, cfg: &CheckConfig) -> Report {
         }
         for (_, mut acq) in by_epoch {
             acq.sort_by_key(|i| i.start);
+            // Tokens must differ between permit holders too; their order
+            // says nothing (several hold at once, in any return order).
+            let permit_fences: Vec<&Interval> = acq
+                .iter()
+                .copied()
+                .filter(|i| i.permits.is_some())
+                .collect();
+            acq.retain(|i| i.permits.is_none());
+            let mut seen: HashMap<u64, &Interval> = HashMap::new();
+            for i in permit_fences {
+                if let Some(prev) = seen.insert(i.fence, i) {
+                    r.fence_duplicates.push(format!(
+                        "key {key}: permit token {} given to proc {} op {} and proc {} op {}",
+                        i.fence, prev.proc_id, prev.op, i.proc_id, i.op
+                    ));
+                }
+            }
             // Readers share the current token: only writers' must differ.
             let mut seen: HashMap<u64, &Interval> = HashMap::new();
             for i in acq.iter().filter(|i| !i.shared) {
@@ -1235,8 +1445,9 @@ impl Report {
     /// Everything that breaks the lock's or the store's promises.
     pub fn violations(&self) -> Vec<String> {
         let mut v = Vec::new();
-        let groups: [(&str, &Vec<String>); 9] = [
+        let groups: [(&str, &Vec<String>); 10] = [
             ("double holder", &self.double_holders),
+            ("more holders than permits", &self.over_permits),
             ("fence duplicate", &self.fence_duplicates),
             ("fence order", &self.fence_out_of_order),
             ("failed with budget left", &self.failed_with_budget),
@@ -1296,6 +1507,18 @@ impl Report {
                 format!(
                     "{} ({} overlaps between readers, allowed)",
                     self.read_acquisitions, self.shared_overlaps
+                ),
+            );
+        }
+        if self.permit_acquisitions > 0 {
+            row(
+                "of which permits",
+                format!(
+                    "{} (most holders of one key at once: {} counted, {} with those whose permit may have lapsed; over the limit: {})",
+                    self.permit_acquisitions,
+                    self.max_permit_holders.0,
+                    self.max_permit_holders.1,
+                    self.over_permits.len()
                 ),
             );
         }
@@ -1889,5 +2112,149 @@ mod tests {
             &cfg(),
         );
         assert!(r.overruns.is_empty(), "{:?}", r.overruns);
+    }
+
+    /// A permit of `permits`: asked at `from - 1`, held `from`..`to`.
+    fn permit(p: u32, from: u64, to: u64, fence: u64, permits: u64, end: Kind) -> Vec<Event> {
+        vec![
+            ev(
+                from - 1,
+                p,
+                1,
+                Kind::AttemptPermits {
+                    wait_ms: 2000,
+                    permits,
+                },
+            ),
+            ev(from, p, 1, Kind::AcquiredPermit { fence }),
+            ev(to, p, 1, Kind::Releasing),
+            ev(to + 1, p, 1, end),
+        ]
+    }
+
+    #[test]
+    fn permit_lines_round_trip() {
+        for kind in [
+            Kind::AttemptPermits {
+                wait_ms: 2000,
+                permits: 3,
+            },
+            Kind::AcquiredPermit { fence: 9 },
+        ] {
+            let e = Event {
+                t: 5,
+                proc_id: 1,
+                op: 2,
+                key: "k".into(),
+                kind,
+            };
+            assert_eq!(Event::parse(&e.to_line()), Some(e));
+        }
+    }
+
+    #[test]
+    fn permit_holders_up_to_their_limit_are_fine_and_one_more_is_flagged() {
+        let mut two = permit(1, 10, 100, 1, 2, Kind::Released);
+        two.extend(permit(2, 20, 110, 2, 2, Kind::Released));
+        two.extend(permit(3, 105, 200, 3, 2, Kind::Released));
+        let r = check(&h(two.clone()), &cfg());
+        assert!(r.violations().is_empty(), "{:?}", r.violations());
+        assert_eq!(r.permit_acquisitions, 3);
+        assert_eq!(r.max_permit_holders, (2, 2));
+        // A third while two hold.
+        let mut three = two.clone();
+        three.extend(permit(4, 50, 60, 4, 2, Kind::Released));
+        let r = check(&h(three), &cfg());
+        assert_eq!(r.over_permits.len(), 1, "{r:?}");
+        assert!(
+            r.over_permits[0].contains("3 permit holders granted before it, 2 allowed"),
+            "{}",
+            r.over_permits[0]
+        );
+        assert_eq!(r.culprits[0].ops.len(), 3);
+        // A request with a larger limit is admitted beside two of N = 2;
+        // one of N = 1 is not.
+        let mut wider = two.clone();
+        wider.extend(permit(5, 50, 60, 5, 3, Kind::Released));
+        assert!(check(&h(wider.clone()), &cfg()).violations().is_empty());
+        // ... and one of N = 2 granted before it may come back after it.
+        let mut late = wider.clone();
+        late.retain(|e| e.proc_id != 2);
+        late.extend(permit(2, 55, 110, 2, 2, Kind::Released));
+        assert!(check(&h(late), &cfg()).violations().is_empty());
+        // But never four, nor a third of N = 2 beside the one of N = 3.
+        let mut four = wider;
+        four.extend(permit(7, 52, 58, 7, 3, Kind::Released));
+        assert_eq!(check(&h(four), &cfg()).over_permits.len(), 1);
+        let mut narrower = two;
+        narrower.extend(permit(6, 150, 160, 6, 1, Kind::Released));
+        assert_eq!(check(&h(narrower), &cfg()).over_permits.len(), 1);
+    }
+
+    #[test]
+    fn a_paused_permit_holder_counts_until_its_last_renewal_may_have_lapsed() {
+        // Proc 1 holds from 10 ms and is stopped at 20 ms for 2.5 s; with
+        // N = 1, proc 2 takes a permit at `at`.
+        let paused = |at: u64| {
+            let mut events = permit(1, 10, 3000, 1, 1, Kind::ReleaseLost);
+            events.extend(permit(2, at, at + 50, 2, 1, Kind::Released));
+            let faults = [(20, FaultKind::Stop), (2500, FaultKind::Cont)]
+                .into_iter()
+                .map(|(t, kind)| Fault {
+                    t: t * MS,
+                    proc_id: Some(1),
+                    kind,
+                })
+                .collect();
+            History { events, faults }
+        };
+        // Within two thirds of its lease (1 s), less slop, after the pause:
+        // its permit was still valid, and counts.
+        let r = check(&paused(500), &cfg());
+        assert_eq!(r.over_permits.len(), 1, "{r:?}");
+        // Later, its last renewal may have lapsed.
+        let r = check(&paused(700), &cfg());
+        assert!(r.violations().is_empty(), "{:?}", r.violations());
+        assert_eq!(r.max_permit_holders, (1, 2));
+    }
+
+    #[test]
+    fn permit_tokens_must_differ_but_their_order_is_free() {
+        let mut events = permit(1, 10, 100, 7, 2, Kind::Released);
+        events.extend(permit(2, 20, 110, 5, 2, Kind::Released));
+        assert!(check(&h(events.clone()), &cfg()).violations().is_empty());
+        events.extend(permit(3, 200, 210, 7, 2, Kind::Released));
+        assert_eq!(check(&h(events), &cfg()).fence_duplicates.len(), 1);
+    }
+
+    #[test]
+    fn a_semaphore_timeout_needs_as_many_others_as_its_permits() {
+        let wait = |p: u32, from: u64, to: u64| {
+            vec![
+                ev(
+                    from,
+                    p,
+                    1,
+                    Kind::AttemptPermits {
+                        wait_ms: 2000,
+                        permits: 2,
+                    },
+                ),
+                ev(
+                    to,
+                    p,
+                    1,
+                    Kind::Timeout {
+                        waited_ms: to - from,
+                    },
+                ),
+            ]
+        };
+        let mut one = wait(9, 1000, 3000);
+        one.extend(permit(1, 900, 3500, 1, 2, Kind::Released));
+        assert_eq!(check(&h(one.clone()), &cfg()).failed_with_budget.len(), 1);
+        let mut two = one;
+        two.extend(permit(2, 950, 3600, 2, 2, Kind::Released));
+        assert!(check(&h(two), &cfg()).violations().is_empty());
     }
 }

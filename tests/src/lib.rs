@@ -16,6 +16,7 @@ pub mod read_write;
 pub mod reply_loss;
 pub mod scripts;
 pub mod semantics;
+pub mod semaphores;
 pub mod sentinel;
 pub mod tls;
 

@@ -46,6 +46,11 @@ struct Locking {
     /// A long hold (one op in 40) lasts this long to twice that; 0: the
     /// worker's 80-200 ms.
     long_hold_ms: u64,
+    /// Above 0: every op takes a permit of a semaphore of this many.
+    permits: u32,
+    /// Above 0: every fourth worker process (ids 4, 8, …) asks for this
+    /// many permits instead, as a version that disagrees on N would.
+    other_permits: u32,
 }
 
 impl Locking {
@@ -55,15 +60,24 @@ impl Locking {
         wait: Duration::from_secs(2),
         read_pct: 25,
         long_hold_ms: 0,
+        permits: 0,
+        other_permits: 0,
     };
 
-    fn arg(&self) -> String {
+    /// The worker's `SETTINGS`, for worker `id`.
+    fn arg(&self, id: u32) -> String {
+        let permits = if self.other_permits > 0 && id.is_multiple_of(4) {
+            self.other_permits
+        } else {
+            self.permits
+        };
         format!(
-            "lease_ms={},wait_ms={},read_pct={},long_hold_ms={}",
+            "lease_ms={},wait_ms={},read_pct={},long_hold_ms={},permits={}",
             self.lease.as_millis(),
             self.wait.as_millis(),
             self.read_pct,
-            self.long_hold_ms
+            self.long_hold_ms,
+            permits
         )
     }
 }
@@ -192,7 +206,7 @@ impl Fleet {
             &self.keys.join(","),
             &self.tasks.to_string(),
             self.mode,
-            &self.locking.arg(),
+            &self.locking.arg(id),
         ])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -356,8 +370,10 @@ fn read_worker(
             );
             let mut l = live.lock().unwrap();
             match ev.kind {
-                Kind::Acquired { .. } | Kind::AcquiredRead { .. } => {
+                Kind::Acquired { .. } | Kind::AcquiredRead { .. } | Kind::AcquiredPermit { .. } => {
                     acquired.fetch_add(1, Ordering::Relaxed);
+                    // A permit holder is a target for SIGSTOP as a writer
+                    // is (it holds a place others wait for).
                     let read = matches!(ev.kind, Kind::AcquiredRead { .. });
                     l.holding.entry(id).or_default().insert(ev.op, read);
                 }
@@ -1091,6 +1107,8 @@ fn one_client_at_a_time(
             wait: Duration::from_secs(12),
             read_pct,
             long_hold_ms: 0,
+            permits: 0,
+            other_permits: 0,
         },
     );
     let plan = Plan {
@@ -1160,6 +1178,74 @@ fn outside_nemesis_read_write_locks() {
         run_time(15, 240),
     );
     assert!(report.read_acquisitions >= 10);
+    report.assert_clean();
+}
+
+/// A semaphore of two permits on one Redis: 4 worker processes x 3 tasks
+/// on 2 keys, each process behind a proxy of its own (subscriptions
+/// spared) that loses the reply of 3 % of the lock commands after they
+/// ran, while the nemesis kills holders and stops them past their lease
+/// (SIGSTOP); every fourth process asks for three permits (a version that
+/// disagrees on N). At no admission more holders than permits, by each
+/// call's own N (a paused holder counted while its permit is surely valid,
+/// `history.rs`), tokens unique, no call failed with time left, nothing
+/// left behind, no renewal once idle. 12 s bounded, 4 minutes with
+/// `FAULT_FULL=1`.
+#[test]
+fn semaphore_under_kills_pauses_and_lost_replies() {
+    let _serial = serial();
+    let mut server = RedisServer::start();
+    let proxies: Vec<Proxy> = (0..4).map(|_| Proxy::for_server(&server)).collect();
+    for p in &proxies {
+        p.spare_pubsub();
+    }
+    let keys: Vec<String> = (0..2).map(|i| unique(&format!("permits{i}"))).collect();
+    let fleet = Fleet::new(
+        proxies.iter().map(Proxy::url).collect(),
+        "-".into(),
+        keys,
+        3,
+        "manual",
+        Locking {
+            permits: 2,
+            other_permits: 3,
+            read_pct: 0,
+            ..Locking::CLASSIC
+        },
+    );
+    use Nemesis::*;
+    let plan = Plan {
+        title: "semaphore of 2 (and of 3): kills, SIGSTOP past the lease, 3 % replies lost",
+        target: u64::MAX,
+        limit: run_time(12, 240),
+        schedule: vec![KillHolder, PauseHolder, PauseHolder],
+        reply_loss: 0.03,
+        fencing_case: false,
+    };
+    let scenario = Scenario {
+        fleet,
+        server: &mut server,
+        proxies: &proxies,
+        wipes: false,
+    };
+    let report = run(scenario, plan, 4);
+    let lost: u64 = proxies.iter().map(Proxy::replies_lost).sum();
+    assert!(lost > 0, "no reply was lost: the nemesis did not run");
+    for kind in ["kill -9 holder", "SIGSTOP > lease"] {
+        assert!(
+            report.faults.get(kind).copied().unwrap_or(0) >= 1,
+            "no {kind} injected"
+        );
+    }
+    assert!(
+        report.permit_acquisitions >= 100,
+        "only {} permits: the clients hardly ran",
+        report.permit_acquisitions
+    );
+    assert!(
+        report.max_permit_holders.0 >= 2,
+        "two holders of a key at once never happened"
+    );
     report.assert_clean();
 }
 

@@ -2,7 +2,12 @@
 
 use std::time::Duration;
 
+use std::future::Future;
+use std::pin::pin;
+use std::task::{Context, Poll, Waker};
+
 use lock_runtime::LockClient;
+use tests::semaphores::{self, Deployment};
 use tests::{global, semantics};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -54,4 +59,31 @@ async fn fences_increase() {
 async fn empty_key_is_invalid() {
     global::memory().await;
     semantics::empty_key_rejected().await;
+}
+
+/// The shared semaphore checks, on one in-memory client (its clones share
+/// its id, and `Deployment::until_waiters` counts each client's waiters).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semaphores() {
+    let client = LockClient::memory();
+    let probe = client.clone();
+    let d = Deployment {
+        name: "memory",
+        clients: vec![client],
+        left: Box::new(move |key| {
+            let held = at_once(probe.inspect(key)).expect("inspect in memory");
+            held.map(|info| vec![info.key]).unwrap_or_default()
+        }),
+    };
+    semaphores::all(&d).await;
+}
+
+/// The output of a future that does not wait (the in-memory backend's
+/// `inspect` takes a mutex and returns): the checks read what is kept from
+/// a plain closure.
+fn at_once<T>(fut: impl Future<Output = T>) -> T {
+    match pin!(fut).poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(out) => out,
+        Poll::Pending => panic!("the in-memory backend's inspect waited"),
+    }
 }

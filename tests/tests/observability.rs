@@ -230,6 +230,51 @@ async fn a_request_has_an_acquire_span_and_the_body_runs_in_a_hold_span() {
     assert_eq!(body_event.1.as_deref(), Some("lock.hold"));
 }
 
+/// Metrics carry a `mode` label and `lock.acquire` a `mode` field:
+/// "semaphore" for a permit, "read" and "write" for locks.
+#[tokio::test(flavor = "current_thread")]
+async fn metrics_and_spans_say_the_mode() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    global::redis().await;
+    let client = lock_runtime::client().unwrap();
+    let _ = snapshotter().snapshot();
+    let seen = Seen::default();
+    let _default = tracing_subscriber::registry()
+        .with(seen.clone())
+        .set_default();
+    let key = unique("modes");
+    let g = client.semaphore(&key, 2).name("sem-mode").await.unwrap();
+    g.release().await.unwrap();
+    let g = client.read_lock(&key).name("read-mode").await.unwrap();
+    g.release().await.unwrap();
+    let mut modes: HashMap<String, std::collections::BTreeSet<String>> = HashMap::new();
+    for (k, _, _, _) in snapshotter().snapshot().into_vec() {
+        let k = k.key();
+        let label = |name: &str| {
+            k.labels()
+                .find(|l| l.key() == name)
+                .map(|l| l.value().to_owned())
+        };
+        if let (Some(lock), Some(mode)) = (label("lock"), label("mode")) {
+            modes.entry(lock).or_default().insert(mode);
+        }
+    }
+    assert_eq!(
+        modes["sem-mode"],
+        ["semaphore".to_owned()].into(),
+        "{modes:?}"
+    );
+    assert_eq!(modes["read-mode"], ["read".to_owned()].into(), "{modes:?}");
+    let s = seen.0.lock().unwrap();
+    let span_modes: std::collections::BTreeSet<&str> = s
+        .spans
+        .values()
+        .filter(|(n, f)| n == "lock.acquire" && f.get("key") == Some(&key))
+        .filter_map(|(_, f)| f.get("mode").map(String::as_str))
+        .collect();
+    assert_eq!(span_modes, ["read", "semaphore"].into());
+}
+
 async fn parts(e: LockError) -> (u16, Option<String>, serde_json::Value) {
     let r = e.into_response();
     let status = r.status().as_u16();

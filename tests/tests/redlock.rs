@@ -455,3 +455,253 @@ async fn a_call_with_wait_left_keeps_trying_while_nodes_answer_slowly() {
     assert!(took < wait, "{took:?}");
     guard.release().await.unwrap();
 }
+
+// ---------------------------------------------------------------------------
+// Semaphores: a permit needs ⌊N·M/(N+1)⌋ + 1 of the M nodes.
+
+/// A Redlock client over the nodes at `pick`.
+async fn redlock_over(nodes: &[RedisServer], pick: &[usize]) -> LockClient {
+    LockClient::builder()
+        .op_timeout(Duration::from_millis(300))
+        .connect_timeout(Duration::from_millis(500))
+        .redlock(pick.iter().map(|&i| nodes[i].url()))
+        .await
+        .expect("connect Redlock")
+}
+
+/// Permit holders of `key` on a node (fields of its hash).
+fn permit_holders_on(node: &RedisServer, key: &str) -> usize {
+    node.cmd::<usize>(&["HLEN", &hash(key)])
+}
+
+/// Two permits of three nodes: a history of partitions left one holder on
+/// nodes {0,1} and one on {1,2} (each taken by a client that reached only
+/// those). Node 1 is full; nodes 0 and 2 each have a permit free. A
+/// majority (two nodes) would admit a third holder on {0,2}, and three
+/// would hold a semaphore of two. The quorum for two permits of three nodes
+/// is all three: node 1 refuses, and the request waits until a permit comes
+/// back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_needs_more_than_a_majority_where_a_majority_would_admit_one_too_many() {
+    let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let key = unique("sem-quorum");
+    let left = redlock_over(&nodes, &[0, 1]).await;
+    let right = redlock_over(&nodes, &[1, 2]).await;
+    let a = left
+        .semaphore(&key, 2)
+        .lease(Duration::from_secs(5))
+        .await
+        .unwrap();
+    let b = right
+        .semaphore(&key, 2)
+        .lease(Duration::from_secs(5))
+        .await
+        .unwrap();
+    let held: Vec<usize> = nodes.iter().map(|n| permit_holders_on(n, &key)).collect();
+    assert_eq!(held, [1, 2, 1], "the arranged history");
+
+    let all = redlock(&nodes).await;
+    let third = all
+        .semaphore(&key, 2)
+        .lease(Duration::from_secs(5))
+        .wait(Duration::from_millis(800))
+        .await;
+    let held: Vec<usize> = nodes.iter().map(|n| permit_holders_on(n, &key)).collect();
+    assert!(
+        matches!(third, Err(LockError::Timeout { .. })),
+        "a third holder of two permits: {third:?} (holders per node now {held:?})"
+    );
+    // Its partial grants were taken back.
+    assert_eq!(held, [1, 2, 1]);
+
+    // A permit comes back: now every node has one free.
+    let waiting = tokio::spawn({
+        let (all, key) = (all.clone(), key.clone());
+        async move {
+            all.semaphore(&key, 2)
+                .lease(Duration::from_secs(5))
+                .wait(Duration::from_secs(10))
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let a_fence = a.fence();
+    a.release().await.unwrap();
+    let c = waiting.await.unwrap().expect("a permit once one came back");
+    assert!(
+        c.fence() > b.fence() && b.fence() > a_fence,
+        "tokens in grant order"
+    );
+    let held: Vec<usize> = nodes.iter().map(|n| permit_holders_on(n, &key)).collect();
+    assert_eq!(held, [1, 2, 2]);
+    c.release().await.unwrap();
+    b.release().await.unwrap();
+    for n in &nodes {
+        assert!(
+            n.keys(&format!("{}*", hash(&key))).is_empty(),
+            "left behind"
+        );
+    }
+}
+
+/// Many tasks of two clients on three nodes: never more than two bodies at
+/// once, two at once often, every token unique, nothing left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_most_n_bodies_hold_a_redlock_semaphore_at_once() {
+    let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let clients = [redlock(&nodes).await, redlock(&nodes).await];
+    let key = unique("sem-bodies");
+    let (tasks, rounds) = (6, 10);
+    let inside = Arc::new(AtomicU64::new(0));
+    let most = Arc::new(AtomicU64::new(0));
+    let fences = Arc::new(Mutex::new(Vec::new()));
+    let mut handles = Vec::new();
+    for t in 0..tasks {
+        let client = clients[t % 2].clone();
+        let (key, inside, most, fences) =
+            (key.clone(), inside.clone(), most.clone(), fences.clone());
+        handles.push(tokio::spawn(async move {
+            for _ in 0..rounds {
+                let g = client
+                    .semaphore(&key, 2)
+                    .wait(Duration::from_secs(30))
+                    .await
+                    .expect("a permit");
+                let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                fences.lock().unwrap().push(g.fence());
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                g.release().await.expect("held to the end");
+            }
+        }));
+    }
+    for h in handles {
+        h.await.unwrap();
+    }
+    let most = most.load(Ordering::SeqCst);
+    let fences = fences.lock().unwrap();
+    let unique_fences: HashSet<u64> = fences.iter().copied().collect();
+    println!(
+        "Redlock semaphore of 2 on 3 nodes: {} permits, at most {most} bodies at once",
+        fences.len()
+    );
+    assert_eq!(most, 2, "bodies at once");
+    assert_eq!(
+        unique_fences.len(),
+        fences.len(),
+        "a token handed out twice"
+    );
+    for n in &nodes {
+        assert!(
+            n.keys(&format!("{}*", hash(&key))).is_empty(),
+            "left behind"
+        );
+    }
+}
+
+/// The price of the quorum: two permits of three nodes need every node, so
+/// one node down refuses permits while locks (a majority) still work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_of_two_on_three_nodes_needs_every_node() {
+    let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let client = redlock(&nodes).await;
+    nodes[2].pause();
+    let key = unique("sem-down");
+    let permit = client
+        .semaphore(&key, 2)
+        .wait(Duration::from_millis(500))
+        .await;
+    let lock = client
+        .lock(unique("lock-down"))
+        .wait(Duration::from_secs(2))
+        .await;
+    nodes[2].resume();
+    assert!(
+        permit.is_err(),
+        "a permit of two with one node of three down"
+    );
+    lock.expect("a lock with two nodes of three")
+        .release()
+        .await
+        .unwrap();
+    // One permit (a lock's quorum) still works.
+    let one = client.semaphore(&key, 1).await.unwrap();
+    one.release().await.unwrap();
+}
+
+/// Two permits of five nodes need four: a permit outlives its lease by
+/// renewals while one node is killed (four left), and is released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_is_renewed_by_its_quorum_while_one_node_of_five_dies() {
+    let mut nodes = nodes();
+    let client = redlock(&nodes).await;
+    let key = unique("sem-renew");
+    let g = client
+        .semaphore(&key, 2)
+        .lease(Duration::from_millis(900))
+        .await
+        .unwrap();
+    nodes[4].kill();
+    tokio::time::sleep(Duration::from_millis(2700)).await;
+    for n in &nodes[..4] {
+        assert_eq!(permit_holders_on(n, &key), 1, "renewed on every live node");
+    }
+    g.release().await.expect("held to the end");
+    for n in &nodes[..4] {
+        assert!(
+            n.keys(&format!("{}*", hash(&key))).is_empty(),
+            "left behind"
+        );
+    }
+}
+
+/// Two overlapping permits never carry one token. Three nodes, two permits
+/// (all three nodes grant). The state left by a holder B whose raise landed
+/// on node 1 between A's grant there and A's raise: B's permit carries T on
+/// node 1, and node 0's counter is just below T, so A is handed T there
+/// and T is the highest token A saw. Raising node 1 to T is refused (B
+/// has it), and A's token goes above it on every node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_overlapping_permits_never_share_a_token() {
+    let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let key = unique("sem-token");
+    let t: u64 = 9_000_000_000_000_000;
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let _: () = nodes[0].cmd(&["SET", "lock:fence", &(t - 1).to_string()]);
+    let _: () = nodes[1].cmd(&[
+        "HSET",
+        &hash(&key),
+        "b:s2.1",
+        &format!("{} {t}", now_ms + 60_000),
+    ]);
+    let _: () = nodes[1].cmd(&["PEXPIRE", &hash(&key), "60000"]);
+    let client = redlock(&nodes).await;
+    let a = client
+        .semaphore(&key, 2)
+        .lease(Duration::from_secs(5))
+        .await
+        .expect("a permit: one of two is free on every node");
+    println!("B holds token {t}; A was given {}", a.fence());
+    assert_ne!(a.fence(), t, "two live permits with one token");
+    assert!(a.fence() > t);
+    for n in &nodes {
+        let fields: Vec<String> = n.cmd(&["HVALS", &hash(&key)]);
+        let tokens: HashSet<&str> = fields.iter().filter_map(|v| v.split(' ').nth(1)).collect();
+        assert_eq!(
+            tokens.len(),
+            fields.len(),
+            "one token twice on a node: {fields:?}"
+        );
+        assert!(
+            fields
+                .iter()
+                .any(|v| v.ends_with(&format!(" {}", a.fence()))),
+            "{fields:?}"
+        );
+    }
+    a.release().await.unwrap();
+}

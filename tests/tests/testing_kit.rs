@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_runtime::{
-    current_fence, current_fences, distributed_lock, with_client, LockClient, LockError,
+    current_fence, current_fences, distributed_lock, with_client, LockClient, LockError, LockMode,
 };
 use tokio::time::{sleep, Instant};
 
@@ -53,6 +53,17 @@ async fn consume_on(id: u64, steps: u32) -> Result<u32, LockError> {
         sleep(Duration::from_secs(1)).await;
     }
     Ok(steps)
+}
+
+/// At most two renders at once; `pages` seconds of work each.
+#[distributed_lock(key = "render:{tenant}", permits = 2, wait = "60s")]
+async fn render(tenant: u64, pages: u32, done: Arc<AtomicU32>) -> Result<u64, LockError> {
+    let _ = tenant;
+    for _ in 0..pages {
+        sleep(Duration::from_secs(1)).await;
+        done.fetch_add(1, Ordering::SeqCst);
+    }
+    Ok(current_fence().expect("held"))
 }
 
 /// What a body sees: `current_fence()` and `current_fences()`.
@@ -153,6 +164,54 @@ async fn expire_makes_the_body_stop_with_lost() {
     sleep(Duration::from_secs(2)).await;
     assert!(control.expire("stream:2"));
     assert_eq!(task.await.unwrap().unwrap(), 30);
+}
+
+#[tokio::test(start_paused = true)]
+async fn expire_on_a_semaphore_ends_its_oldest_permit() {
+    let (client, control) = LockClient::memory_with_control();
+    let pages = || Arc::new(AtomicU32::new(0));
+    let (a_pages, b_pages, c_pages) = (pages(), pages(), pages());
+    let render_on = |pages: u32, done: &Arc<AtomicU32>| {
+        tokio::spawn(with_client(client.clone(), render(1, pages, done.clone())))
+    };
+    let a = render_on(100, &a_pages);
+    sleep(Duration::from_secs(1)).await;
+    let b = render_on(100, &b_pages);
+    sleep(Duration::from_secs(1)).await;
+    // Both permits are taken: the third render waits.
+    let c = render_on(3, &c_pages);
+    sleep(Duration::from_secs(2)).await;
+    assert_eq!(c_pages.load(Ordering::SeqCst), 0, "a third render ran");
+    let info = client.inspect("render:1").await.unwrap().unwrap();
+    assert_eq!(info.mode, LockMode::Semaphore { permits: 2 });
+    assert_eq!((info.holders.len(), info.waiters), (2, 1), "{info:?}");
+
+    // One permit ends, the one taken first: `a`'s. The waiter gets it at once.
+    assert!(control.expire("render:1"));
+    let expired_at = Instant::now();
+    c.await.unwrap().expect("the waiter rendered");
+    assert!(
+        expired_at.elapsed() < Duration::from_secs(4),
+        "the waiter's 3 pages took {:?}: it was not served at once",
+        expired_at.elapsed()
+    );
+    assert!(matches!(a.await.unwrap(), Err(LockError::Lost { .. })));
+    assert!(
+        expired_at.elapsed() <= Duration::from_secs(10),
+        "found at a renewal"
+    );
+    assert!(!b.is_finished(), "`b` kept its permit");
+    let b_before = b_pages.load(Ordering::SeqCst);
+
+    // Then the oldest left: `b`'s.
+    assert!(control.expire("render:1"));
+    assert!(matches!(b.await.unwrap(), Err(LockError::Lost { .. })));
+    assert!(
+        b_pages.load(Ordering::SeqCst) > b_before,
+        "`b` ran on until then"
+    );
+    assert!(!control.expire("render:1"), "nothing is held any more");
+    assert_eq!(client.inspect("render:1").await.unwrap(), None);
 }
 
 #[tokio::test(start_paused = true)]

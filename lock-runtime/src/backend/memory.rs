@@ -8,6 +8,10 @@
 //! from one counter for the whole backend (so a free key keeps nothing),
 //! and lapsed leases and waiters are dropped as time passes, a few per
 //! call.
+//!
+//! A key is a lock or a semaphore (`permits.rs`, the rules of
+//! `docs/SEMAPHORES.md`), never both at once: a request of the other kind
+//! finds it busy and is not queued, as on Redis.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
@@ -21,10 +25,13 @@ use super::fault::Fault;
 use super::{Acquired, Queue, Released, Renewal, Renewed};
 use crate::claims::{self, Grant, Stamp};
 use crate::key::LockName;
-use crate::key::{client_of, is_reader};
+use crate::key::{client_of, is_reader, Mode};
 use crate::wakeups::{Waiter, Wakeups};
 
 mod operations;
+mod permits;
+
+use permits::Permit;
 
 /// First pause before a failed call is tried again, doubled up to the
 /// second (as the Redis backends do after a cut connection).
@@ -57,6 +64,9 @@ struct State {
     /// passes, each pop looks at that key only. Stale items (the lease was
     /// renewed since) are dropped when their time comes.
     expiries: BinaryHeap<Reverse<(Instant, Arc<str>)>>,
+    /// How many permits were ever taken: each permit's place in line, to
+    /// tell the oldest (`MemoryControl::expire`).
+    permits_taken: u64,
 }
 
 impl Default for State {
@@ -66,6 +76,7 @@ impl Default for State {
             queues: HashMap::new(),
             last_token: 1,
             expiries: BinaryHeap::new(),
+            permits_taken: 0,
         }
     }
 }
@@ -79,8 +90,8 @@ struct Queued {
     fence: bool,
 }
 
-/// A held lock: one writer, or readers each with a lease of its own.
-/// `fence`: the token its holders were given.
+/// A held lock: one writer, or readers each with a lease of its own, or a
+/// semaphore's permit holders. `fence`: the token its holders were given.
 enum Lock {
     Written {
         owner: Arc<str>,
@@ -91,6 +102,8 @@ enum Lock {
         readers: HashMap<Arc<str>, Instant>,
         fence: u64,
     },
+    /// A semaphore: every permit with its own lease and token.
+    Permits(HashMap<Arc<str>, Permit>),
 }
 
 impl Lock {
@@ -98,12 +111,15 @@ impl Lock {
         match self {
             Lock::Written { owner: o, .. } => &**o == owner,
             Lock::Read { readers, .. } => readers.contains_key(owner),
+            Lock::Permits(permits) => permits.contains_key(owner),
         }
     }
 
+    /// The token of the hold (of a semaphore: the highest).
     fn fence(&self) -> u64 {
         match self {
             Lock::Written { fence, .. } | Lock::Read { fence, .. } => *fence,
+            Lock::Permits(permits) => permits.values().map(|p| p.fence).max().unwrap_or(0),
         }
     }
 
@@ -114,6 +130,11 @@ impl Lock {
             Lock::Read { readers, .. } => {
                 readers.values().copied().max().unwrap_or_else(Instant::now)
             }
+            Lock::Permits(permits) => permits
+                .values()
+                .map(|p| p.ends)
+                .max()
+                .unwrap_or_else(Instant::now),
         }
     }
 
@@ -125,6 +146,10 @@ impl Lock {
             } if &**o == owner => *expires = until,
             Lock::Read { readers, .. } => match readers.get_mut(owner) {
                 Some(ends) => *ends = until,
+                None => return false,
+            },
+            Lock::Permits(permits) => match permits.get_mut(owner) {
+                Some(p) => p.ends = until,
                 None => return false,
             },
             Lock::Written { .. } => return false,
@@ -143,6 +168,10 @@ impl State {
                 readers.is_empty()
             }
             Some(Lock::Written { expires, .. }) => *expires <= now,
+            Some(Lock::Permits(permits)) => {
+                permits.retain(|_, p| p.ends > now);
+                permits.is_empty()
+            }
             None => false,
         };
         if gone {
@@ -315,6 +344,15 @@ impl Shared {
         let now = Instant::now();
         let mut state = self.state.lock().unwrap();
         state.prune(now);
+        if let Mode::Permit(permits) = Mode::of(owner) {
+            return self.acquire_permit(&mut state, name, owner, permits, lease, queue, now);
+        }
+        if let Some(lock @ Lock::Permits(_)) = state.live(&name.hash, now) {
+            // A semaphore: busy for a lock, which does not queue behind
+            // its permits.
+            let ttl = Some(lock.expires() - now);
+            return Acquired::Busy { ttl, queued: None };
+        }
         let shared = is_reader(owner)
             && matches!(state.live(&name.hash, now), Some(Lock::Read { .. }))
             && !state.writer_waits(&name.hash, now);
@@ -357,6 +395,9 @@ impl Shared {
         let now = Instant::now();
         let mut state = self.state.lock().unwrap();
         state.prune(now);
+        if let Mode::Permit(_) = Mode::of(owner) {
+            return self.release_permit(&mut state, name, owner, now);
+        }
         match state.live(&name.hash, now) {
             Some(Lock::Read { readers, .. }) if readers.contains_key(&**owner) => {
                 readers.remove(&**owner);
@@ -389,6 +430,16 @@ impl Shared {
     /// queued. `joining`: the lock is read-held, and only readers at the
     /// head of the queue join them.
     fn serve(&self, state: &mut State, name: &LockName, now: Instant, joining: bool) {
+        let permit_first = state
+            .queues
+            .get(&name.hash)
+            .and_then(VecDeque::front)
+            .is_some_and(|w| matches!(Mode::of(&w.owner), Mode::Permit(_)));
+        if permit_first {
+            // The key became a semaphore's again (its permits lapsed while
+            // they waited, and a lock was taken and given back).
+            return self.serve_permits(state, name, now);
+        }
         let mut readers = joining;
         while let Some(next) = state.queues.get_mut(&name.hash).and_then(|q| {
             q.front()
@@ -453,18 +504,36 @@ impl Shared {
                 }
                 None => Released::NotOwner,
             },
+            // Still counted until then; renewed and released by nobody.
+            Some(Lock::Permits(permits)) => match permits.remove(&**owner) {
+                Some(p) => {
+                    let ends = p.ends.min(now + left);
+                    permits.insert(kept, Permit { ends, ..p });
+                    Released::Freed
+                }
+                None => Released::NotOwner,
+            },
             _ => Released::NotOwner,
         }
     }
 
-    /// End every hold of `name` now, as if its leases ran out, and serve
-    /// its waiters; whether anything was held.
+    /// End every hold of `name` now (of a semaphore: its oldest permit),
+    /// as if its leases ran out, and serve its waiters; whether anything
+    /// was held.
     fn expire(&self, name: &LockName) -> bool {
         let now = Instant::now();
         let mut state = self.state.lock().unwrap();
         state.prune(now);
-        if state.live(&name.hash, now).is_none() {
-            return false;
+        match state.live(&name.hash, now) {
+            None => return false,
+            Some(Lock::Permits(permits)) => {
+                permits::end_oldest(permits);
+                if !permits.is_empty() {
+                    self.serve_permits(&mut state, name, now);
+                    return true;
+                }
+            }
+            Some(_) => {}
         }
         state.locks.remove(&name.hash);
         self.serve(&mut state, name, now, false);
@@ -599,6 +668,23 @@ impl MemoryControl {
     /// was held. The holder finds out at its next renewal (`on_lost`
     /// applies; `release()` says `Err(Lost)`), and the first waiters are
     /// served at once.
+    ///
+    /// On a semaphore ([`LockClient::semaphore`](crate::LockClient::semaphore))
+    /// it ends **one** permit: the one taken first of those still held (the
+    /// oldest; a permit handed over to a waiter counts as taken then), and
+    /// the next waiter gets it. Call it once per permit to end them all.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), lock_runtime::LockError> {
+    /// let (client, control) = lock_runtime::LockClient::memory_with_control();
+    /// let first = client.semaphore("render", 2).await?;
+    /// let second = client.semaphore("render", 2).await?;
+    /// assert!(control.expire("render"));   // ends `first`'s permit
+    /// let info = client.inspect("render").await?.expect("one permit left");
+    /// assert_eq!(info.holders, [second.holder()]);
+    /// # drop(first); Ok(()) }
+    /// ```
     pub fn expire(&self, key: &str) -> bool {
         LockName::new(&self.prefix, key).is_ok_and(|name| self.shared.expire(&name))
     }

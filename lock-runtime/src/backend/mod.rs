@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::key::LockName;
+use crate::key::{LockName, Mode};
 use crate::wakeups::Waiter;
 use fault::Fault;
 
@@ -209,7 +209,7 @@ impl Backend {
         contended: bool,
         until: Option<Instant>,
     ) -> Result<Released, Fault> {
-        if contended || crate::key::is_reader(owner) {
+        if contended || Mode::of(owner) != Mode::Write {
             return self.release(name, owner, until).await;
         }
         match self {

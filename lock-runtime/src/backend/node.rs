@@ -29,11 +29,12 @@ use super::fault::Fault;
 use super::runtimes::{Local, Runtimes};
 use super::{Acquired, Queue, Queued, Released, Renewal, Renewed};
 use crate::io::{self, Route};
-use crate::key::{is_reader, LockName};
+use crate::key::{is_reader, LockName, Mode};
 use crate::scripts::{self, Arg, Script};
 
 mod lazy;
 mod operations;
+mod permits;
 
 /// Renewals per EVALSHA: keeps one script call short enough not to stall
 /// Redis while still sending a whole tick in one pipelined round trip.
@@ -745,6 +746,9 @@ impl RedisNode {
         floor: Option<u64>,
         queue: Queue,
     ) -> Result<Acquired, Fault> {
+        if let Mode::Permit(_) = Mode::of(owner) {
+            return self.acquire_permit(name, owner, lease, floor, queue).await;
+        }
         let lease_ms = millis(lease);
         if !queue.fence && !is_reader(owner) && floor.is_none() && !queue.rejoin {
             let mut set = Cmd::with_capacity(7, name.hash.len() + owner.len() + 40);
@@ -873,6 +877,9 @@ impl RedisNode {
         wake: Wake,
         forced: bool,
     ) -> Result<(i64, bool), Fault> {
+        if let Mode::Permit(_) = Mode::of(owner) {
+            return self.run_release_permit(name, owner, wake, forced).await;
+        }
         let flags = self.release_flags(wake, forced);
         let ttl = millis(self.settings.fence_ttl);
         let first = match fence {
@@ -1016,6 +1023,9 @@ impl RedisNode {
         owner: &str,
         left: Duration,
     ) -> Result<Released, Fault> {
+        if let Mode::Permit(_) = Mode::of(owner) {
+            return self.keep_permit(name, owner, left).await;
+        }
         // Counted from here: a send that lands later (after a slot move)
         // leaves the lock for what is left of it.
         let until = tokio::time::Instant::now() + left;
@@ -1040,6 +1050,9 @@ impl RedisNode {
     /// Whether `owner` still waits in the lock's queue, or was handed the
     /// lock already.
     pub(crate) async fn still_queued(&self, name: &LockName, owner: &str) -> Result<bool, Fault> {
+        if let Mode::Permit(_) = Mode::of(owner) {
+            return self.still_queued_permit(name, owner).await;
+        }
         // Queued, or already handed the lock (its grant message is on the
         // way: this client listened when it was published).
         let mut pipe = Pipeline::new();
@@ -1130,6 +1143,9 @@ impl RedisNode {
             let keys = [&*r.name.hash, &r.name.readers()];
             self.eval::<Vec<u8>>(&scripts::RENEW_READ, &keys, &args)
                 .await
+        } else if let Mode::Permit(_) = Mode::of(&r.owner) {
+            self.eval::<Vec<u8>>(&scripts::RENEW_PERMITS, &[&r.name.hash], &args)
+                .await
         } else {
             self.eval::<Vec<u8>>(&scripts::RENEW, &[&r.name.hash], &args)
                 .await
@@ -1152,12 +1168,17 @@ impl RedisNode {
         // travel once per call instead of once per lock. Each owner id is
         // split once: with 100k locks a tick, that is most of the work here.
         // Read holds (owner ids `<client id>:r<n>`) go to their own script,
-        // which also needs each lock's readers.
-        let parts: Vec<(Duration, &str, bool, &str)> = batch
+        // which also needs each lock's readers; permits (`<client id>:s…`)
+        // to theirs. The kind is the rest's first byte.
+        let parts: Vec<(Duration, &str, u8, &str)> = batch
             .iter()
             .map(|r| {
                 let (front, rest) = owner_parts(&r.owner);
-                (r.lease, front, rest.starts_with('r'), rest)
+                let kind = match rest.as_bytes().first() {
+                    Some(&k @ (b'r' | b's')) => k,
+                    _ => b'w',
+                };
+                (r.lease, front, kind, rest)
             })
             .collect();
         let group = |i: usize| (parts[i].0, parts[i].1, parts[i].2);
@@ -1171,14 +1192,17 @@ impl RedisNode {
         let mut pipe = Pipeline::new();
         let mut calls = 0;
         for same in order.chunk_by(|&a, &b| group(a) == group(b)) {
-            let (lease, front, read) = group(same[0]);
+            let (lease, front, kind) = group(same[0]);
             let lease = millis(lease);
             for chunk in same.chunks(RENEW_CHUNK) {
                 let mut args: Vec<Arg<'_>> = Vec::with_capacity(chunk.len() + 2);
                 args.push(Arg::Num(lease));
                 args.push(Arg::Str(front));
                 args.extend(chunk.iter().map(|&i| Arg::Str(parts[i].3)));
-                if read {
+                if kind == b's' {
+                    let keys: Vec<&str> = chunk.iter().map(|&i| &*batch[i].name.hash).collect();
+                    pipe.add_command(scripts::RENEW_PERMITS.evalsha(&keys, &args));
+                } else if kind == b'r' {
                     let readers: Vec<String> =
                         chunk.iter().map(|&i| batch[i].name.readers()).collect();
                     let keys: Vec<&str> = chunk

@@ -3,7 +3,8 @@
 //! failing.
 //!
 //! Every step asks all nodes at once, each with a short per-node timeout, and
-//! counts answers: acquire and renewal need `N/2 + 1` grants,
+//! counts answers: acquire and renewal need `N/2 + 1` grants (a permit of a
+//! semaphore more, see [`quorum`]),
 //! and the time they took plus a clock-drift allowance must leave part of the
 //! lease. A failed acquire is taken back on every node, also those that did
 //! not answer (a lost reply is not a refusal).
@@ -34,7 +35,7 @@ use super::fault::Fault;
 use super::node::{NodeSettings, RedisNode, Wake};
 use super::subscribers::AnySubscriber;
 use super::{Acquired, Queue, Released, Renewal, Renewed, Seen};
-use crate::key::LockName;
+use crate::key::{LockName, Mode};
 use crate::wakeups::Waiter;
 
 /// One of the N servers. Connected lazily if it was down at start-up, so a
@@ -76,6 +77,7 @@ impl std::fmt::Display for NoAnswer {
 
 struct Shared {
     slots: Vec<Slot>,
+    /// A majority: what a lock needs, and what must answer a read.
     quorum: usize,
     op_timeout: Duration,
     /// Upper bound of the random pause after a split vote.
@@ -108,6 +110,21 @@ fn verdict(n: usize, quorum: usize, confirmed: usize, denied: usize) -> Verdict 
     }
 }
 
+/// How many of `nodes` must admit a permit of a semaphore of `permits`:
+/// `⌊permits·nodes/(permits+1)⌋ + 1`, a majority for a lock (`permits` 1).
+///
+/// Each node admits at most `permits` holders of a key, so `permits + 1`
+/// holders could hold `q` nodes each only if `(permits+1)·q ≤ permits·nodes`;
+/// this `q` is the least that rules it out. A plain majority does not:
+/// with three nodes and two permits, holders on {1,2}, {2,3} and {1,3}
+/// leave each node with two, and three hold. From `permits ≥ nodes − 1` on
+/// every node must admit (no node may be down for an acquire). Any two
+/// such quorums share a node, so tokens still rise as for locks.
+pub(crate) fn quorum(permits: u32, nodes: usize) -> usize {
+    let (p, m) = (u64::from(permits.max(1)), nodes as u64);
+    (p * m / (p + 1)) as usize + 1
+}
+
 /// Microseconds since the Unix epoch on this machine: the lowest token a
 /// Redlock acquire hands out, so tokens stay above earlier ones even where a
 /// majority of nodes lost their counters.
@@ -138,7 +155,7 @@ impl RedlockBackend {
         }
         let subscriber = AnySubscriber::new(&urls, settings.clone(), io, settings.op_timeout)?;
         let shared = Shared {
-            quorum: urls.len() / 2 + 1,
+            quorum: quorum(1, urls.len()),
             op_timeout: settings.op_timeout,
             jitter,
             slots: urls
@@ -237,6 +254,15 @@ impl Shared {
         .await;
     }
 
+    /// How many nodes must grant `owner`'s hold: a majority, or for a
+    /// permit the [`quorum`] of its request's own `permits`.
+    fn quorum_for(&self, owner: &str) -> usize {
+        match Mode::of(owner) {
+            Mode::Permit(permits) => quorum(permits, self.slots.len()),
+            Mode::Write | Mode::Read => self.quorum,
+        }
+    }
+
     async fn acquire(
         &self,
         name: &LockName,
@@ -246,6 +272,7 @@ impl Shared {
     ) -> Result<Acquired, Fault> {
         let started = Instant::now();
         let n = self.slots.len();
+        let quorum = self.quorum_for(owner);
         // One floor for every node (this client's clock), so that nodes whose
         // counters are behind it all hand out the same token and the fence
         // needs no raising round trip; each node's own clock would differ.
@@ -283,15 +310,19 @@ impl Shared {
             }
         }
         let key = &name.key;
+        let what = match Mode::of(owner) {
+            Mode::Permit(permits) => format!("a permit of semaphore `{key}` ({permits} permits)"),
+            _ => format!("lock `{key}`"),
+        };
 
-        if fresh.len() < self.quorum {
+        if fresh.len() < quorum {
             self.undo(name, owner, Wake::Never).await;
             let failed = n - fresh.len() - busy;
-            if failed > n - self.quorum {
+            if failed > n - quorum {
                 let why = format!(
-                    "Redlock: acquiring lock `{key}`: granted by {} and refused by {busy} of {n} nodes, {} grants needed; the others failed",
+                    "Redlock: acquiring {what}: granted by {} and refused by {busy} of {n} nodes, {} grants needed; the others failed",
                     fresh.len(),
-                    self.quorum,
+                    quorum,
                 );
                 // Nodes that answer slowly, or whose connection broke
                 // after the send, may yet grant a majority: the call keeps
@@ -302,7 +333,7 @@ impl Shared {
                     .iter()
                     .filter(|a| a.as_ref().is_err_and(|e| !e.may_have_run))
                     .count();
-                if n - down >= self.quorum {
+                if n - down >= quorum {
                     return Err(Fault::timed_out(
                         format!("{why} ({})", self.failures(&answers)),
                         limit,
@@ -310,7 +341,7 @@ impl Shared {
                 }
                 return Err(Fault::other(format!("{why}: {}", self.failures(&answers))));
             }
-            if busy + failed < self.quorum {
+            if busy + failed < quorum {
                 // Split vote: nobody holds a majority, and the partial
                 // grants were taken back without waking anyone. Try again
                 // after a random moment, so that contenders do not collide
@@ -329,34 +360,62 @@ impl Shared {
 
         // The token is the highest any granting node handed out; every
         // granting node is raised to it, so any later majority sees it.
-        let fence = fresh.iter().map(|g| g.1).max().unwrap_or(0);
+        // A permit's raise is refused where another permit carries that
+        // token already (permits overlap; tokens stay unique per key): the
+        // token then goes above the highest counter that refused, and
+        // every granting node is raised again.
+        let mut at: Vec<Option<u64>> = fresh.iter().map(|g| Some(g.1)).collect();
+        let mut fence = fresh.iter().map(|g| g.1).max().unwrap_or(0);
         let timeout = self.node_timeout(lease);
-        let raised = join_all(fresh.iter().map(|&(i, f)| async move {
-            if f == fence {
-                return Ok(());
+        let mut why: Vec<String> = Vec::new();
+        for _ in 0..RAISE_ROUNDS {
+            let raised = join_all(fresh.iter().zip(&at).map(|(&(i, _), &now)| async move {
+                if now == Some(fence) {
+                    return Ok(None);
+                }
+                let fut = async {
+                    let node = self.slots[i].node().await?;
+                    match Mode::of(owner) {
+                        Mode::Permit(_) => node.raise_permit_fence(name, owner, fence).await,
+                        Mode::Write | Mode::Read => {
+                            node.raise_fence(name, owner, fence).await.map(|()| None)
+                        }
+                    }
+                };
+                match tokio::time::timeout(timeout, fut).await {
+                    Ok(r) => r.map_err(|e| format!("{}: {e}", self.slots[i].url)),
+                    Err(_) => Err(format!(
+                        "{}: no answer within {timeout:?}",
+                        self.slots[i].url
+                    )),
+                }
+            }))
+            .await;
+            let mut above = None;
+            why.clear();
+            for (slot, r) in at.iter_mut().zip(raised) {
+                match r {
+                    Ok(None) => *slot = Some(fence),
+                    Ok(Some(counter)) => above = above.max(Some(counter)),
+                    Err(e) => {
+                        *slot = None;
+                        why.push(e);
+                    }
+                }
             }
-            let fut = async {
-                self.slots[i]
-                    .node()
-                    .await?
-                    .raise_fence(name, owner, fence)
-                    .await
-            };
-            match tokio::time::timeout(timeout, fut).await {
-                Ok(r) => r.map_err(|e| format!("{}: {e}", self.slots[i].url)),
-                Err(_) => Err(format!(
-                    "{}: no answer within {timeout:?}",
-                    self.slots[i].url
-                )),
+            match above {
+                Some(counter) => {
+                    fence = counter + 1;
+                    why.push(format!("the token was taken; {fence} next"));
+                }
+                None => break,
             }
-        }))
-        .await;
-        let carried = raised.iter().filter(|r| r.is_ok()).count();
-        if carried < self.quorum {
+        }
+        let carried = at.iter().filter(|&&t| t == Some(fence)).count();
+        if carried < quorum {
             self.undo(name, owner, Wake::IfReleased).await;
-            let why: Vec<String> = raised.into_iter().filter_map(Result::err).collect();
             return Err(Fault::other(format!(
-                "Redlock: acquiring lock `{key}`: could not raise the fence token {fence} on a majority: {}",
+                "Redlock: acquiring {what}: could not raise the fence token {fence} on {quorum} nodes: {}",
                 why.join("; ")
             )));
         }
@@ -364,7 +423,7 @@ impl Shared {
         if elapsed + drift(lease) >= lease {
             self.undo(name, owner, Wake::IfReleased).await;
             return Err(Fault::other(format!(
-                "Redlock: acquiring lock `{key}` took {elapsed:?}, leaving nothing of its {lease:?} lease (minus {:?} clock drift); use a longer lease or faster nodes",
+                "Redlock: acquiring {what} took {elapsed:?}, leaving nothing of its {lease:?} lease (minus {:?} clock drift); use a longer lease or faster nodes",
                 drift(lease)
             )));
         }
@@ -379,7 +438,7 @@ impl Shared {
                 s.node().await?.release(name, owner, Wake::Always).await
             })
             .await;
-        self.released_by_majority(&answers, name, "releasing")
+        self.released_by_majority(&answers, name, "releasing", self.quorum_for(owner))
     }
 
     /// Leave the lock to expire `left` from now on every node (min_hold).
@@ -389,17 +448,24 @@ impl Shared {
                 s.node().await?.keep(name, owner, left).await
             })
             .await;
-        self.released_by_majority(&answers, name, "leaving to its min_hold")
+        self.released_by_majority(
+            &answers,
+            name,
+            "leaving to its min_hold",
+            self.quorum_for(owner),
+        )
     }
 
     /// What a release (or keep) on every node comes to: done where a
-    /// majority did it, not ours where too few nodes could still have it,
-    /// else unknown (`doing` says what, for the error).
+    /// `quorum` did it (the hold's own: a majority, or a permit's), not
+    /// ours where too few nodes could still have it, else unknown (`doing`
+    /// says what, for the error).
     fn released_by_majority(
         &self,
         answers: &[Answer<Released>],
         name: &LockName,
         doing: &str,
+        quorum: usize,
     ) -> Result<Released, Fault> {
         let count = |r: Released| {
             answers
@@ -409,13 +475,13 @@ impl Shared {
         };
         let (done, not_owner) = (count(Released::Freed), count(Released::NotOwner));
         let n = self.slots.len();
-        match verdict(n, self.quorum, done, not_owner) {
+        match verdict(n, quorum, done, not_owner) {
             Verdict::Majority => Ok(Released::Freed),
             Verdict::Impossible => Ok(Released::NotOwner),
             Verdict::Unknown => Err(Fault::other(format!(
                 "Redlock: {doing} lock `{}`: confirmed by {done} of {n} nodes, {} needed: {}",
                 name.key,
-                self.quorum,
+                quorum,
                 self.failures(answers)
             ))),
         }
@@ -442,13 +508,14 @@ impl Shared {
                         Err(e) => why.push(format!("{}: {e}", slot.url)),
                     }
                 }
-                match verdict(n, self.quorum, yes, not_owner) {
+                let quorum = self.quorum_for(&batch[i].owner);
+                match verdict(n, quorum, yes, not_owner) {
                     Verdict::Majority => Renewed::Yes,
                     Verdict::Impossible => Renewed::NotOwner,
                     Verdict::Unknown => Renewed::Failed(Fault::other(format!(
                         "Redlock: renewing lock `{}`: renewed on {yes} of {n} nodes, {} needed: {}",
                         batch[i].name.key,
-                        self.quorum,
+                        quorum,
                         why.join("; ")
                     ))),
                 }
@@ -526,7 +593,16 @@ impl Shared {
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Seen, Fault> {
-        Ok(majority(&self.views(name).await?, self.quorum))
+        let n = self.slots.len();
+        let seen = majority(
+            &self.views(name).await?,
+            self.quorum,
+            |holder: &str| match Mode::of(holder.trim_end_matches('!')) {
+                Mode::Permit(permits) => quorum(permits, n),
+                Mode::Write | Mode::Read => self.quorum,
+            },
+        );
+        Ok(seen)
     }
 
     /// Every holder any node knows (a partial grant on a minority too) is
@@ -575,13 +651,14 @@ impl Shared {
             .await;
         let ended = answers.iter().filter(|a| matches!(a, Ok(true))).count();
         let kept = answers.iter().filter(|a| matches!(a, Ok(false))).count();
-        match verdict(n, self.quorum, ended, kept) {
+        let quorum = self.quorum_for(holder);
+        match verdict(n, quorum, ended, kept) {
             Verdict::Majority => Ok(true),
             Verdict::Impossible => Ok(false),
             Verdict::Unknown => Err(Fault::other(format!(
                 "Redlock: force-releasing lock `{}` held by {holder}: confirmed by {ended} of {n} nodes, {} needed: {}",
                 name.key,
-                self.quorum,
+                quorum,
                 self.failures(&answers)
             ))),
         }
@@ -609,11 +686,19 @@ impl Shared {
     }
 }
 
-/// What at least `quorum` of the nodes' views agree on: the holders a
-/// majority has, the lease a majority still gives them, and the highest
-/// token a majority has seen.
-fn majority(views: &[Seen], quorum: usize) -> Seen {
-    let on_majority = |h: &String| views.iter().filter(|v| v.holders.contains(h)).count() >= quorum;
+/// How many times a permit's token is raised before the acquisition is
+/// given back: each refusal moves it above a counter that refused it, so a
+/// second round is rare and a third needs acquisitions racing on as many
+/// nodes.
+const RAISE_ROUNDS: usize = 4;
+
+/// What at least `quorum` of the nodes' views agree on: the holders their
+/// own quorum has (`holds_on`: a majority, or a permit's), the lease as
+/// many still give the first of them, and the highest token a majority
+/// has seen.
+fn majority(views: &[Seen], quorum: usize, holds_on: impl Fn(&str) -> usize) -> Seen {
+    let on = |h: &String| views.iter().filter(|v| v.holders.contains(h)).count();
+    let on_majority = |h: &String| on(h) >= holds_on(h);
     let mut holders: Vec<String> = Vec::new();
     for h in views.iter().flat_map(|v| &v.holders) {
         if !holders.contains(h) && on_majority(h) {
@@ -626,7 +711,7 @@ fn majority(views: &[Seen], quorum: usize) -> Seen {
                 .iter()
                 .filter(|v| v.holders.contains(h))
                 .map(|v| v.ttl),
-            quorum,
+            holds_on(h),
         )
     });
     Seen {
@@ -701,6 +786,7 @@ mod tests {
                 view(&["b"], 500, Some(9)),
             ],
             2,
+            |_| 2,
         );
         assert_eq!(seen.holders, ["a"]);
         // Held on a majority for as long as the second longest lease.
@@ -708,8 +794,49 @@ mod tests {
         // 9 is on one node only: a majority has seen 7.
         assert_eq!(seen.fence, Some(7));
         // No majority for anyone: not held.
-        let seen = majority(&[view(&["a"], 900, None), view(&[], 0, None)], 2);
+        let seen = majority(&[view(&["a"], 900, None), view(&[], 0, None)], 2, |_| 2);
         assert!(seen.holders.is_empty() && seen.ttl.is_none() && seen.fence.is_none());
+    }
+
+    /// Whether `holders` holders can each be admitted by `q` of `nodes`
+    /// nodes, every node admitting at most `permits`: greedily, each
+    /// holder taking the `q` least loaded nodes (which is optimal).
+    fn fits(holders: usize, q: usize, nodes: usize, permits: usize) -> bool {
+        let mut load = vec![0; nodes];
+        for _ in 0..holders {
+            let mut order: Vec<usize> = (0..nodes).collect();
+            order.sort_by_key(|&i| load[i]);
+            for &i in &order[..q] {
+                load[i] += 1;
+                if load[i] > permits {
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    #[test]
+    fn a_permits_quorum_keeps_holders_to_the_permits_and_is_the_least_that_does() {
+        assert_eq!(quorum(1, 3), 2);
+        assert_eq!(quorum(1, 5), 3);
+        // A majority of three admits a third holder of two permits.
+        assert_eq!(quorum(2, 3), 3);
+        assert!(fits(3, 2, 3, 2));
+        assert_eq!(quorum(2, 5), 4);
+        assert_eq!(quorum(4, 5), 5);
+        for nodes in 1..=7 {
+            for permits in 1..=8u32 {
+                let q = quorum(permits, nodes);
+                let p = permits as usize;
+                assert!(q <= nodes && q > nodes / 2, "{permits} of {nodes}: {q}");
+                assert!(fits(p, q, nodes, p), "{permits} of {nodes}: {q}");
+                assert!(!fits(p + 1, q, nodes, p), "{permits} of {nodes}: {q}");
+                if q > 1 {
+                    assert!(fits(p + 1, q - 1, nodes, p), "{permits} of {nodes}: {q}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -16,7 +16,11 @@
 //! same way, so the checker sees readers overlap each other and never a
 //! writer. `SETTINGS` (`lease_ms=5000,wait_ms=12000,read_pct=60`, any of
 //! them) changes the lease, the wait and the share of readers;
-//! `long_hold_ms=N` makes the long holds last N to 2N ms (0: 80-200 ms).
+//! `long_hold_ms=N` makes the long holds last N to 2N ms (0: 80-200 ms);
+//! `permits=N` (N > 0) makes every op take a permit of a semaphore of N
+//! instead (`client.semaphore`, whatever `MODE` says): it writes nothing
+//! (its holders share the key, each with a token of its own) and holds it
+//! the same way.
 //!
 //! Every step is printed as a history line (`tests::history`), stamped
 //! with `CLOCK_MONOTONIC`: a call's wait with its attempt, how long it took
@@ -52,6 +56,8 @@ struct Settings {
     read_pct: u32,
     /// A long hold lasts this long to twice that (0: 80-200 ms).
     long_hold_ms: u64,
+    /// Above 0: every op takes a permit of a semaphore of this many.
+    permits: u32,
 }
 
 impl Settings {
@@ -61,6 +67,7 @@ impl Settings {
             wait: WAIT,
             read_pct: 25,
             long_hold_ms: 0,
+            permits: 0,
         };
         for pair in arg.unwrap_or("").split(',').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').expect("SETTINGS: key=value,...");
@@ -70,6 +77,7 @@ impl Settings {
                 "wait_ms" => s.wait = Duration::from_millis(n),
                 "read_pct" => s.read_pct = n as u32,
                 "long_hold_ms" => s.long_hold_ms = n,
+                "permits" => s.permits = n as u32,
                 _ => panic!("SETTINGS: unknown {k}"),
             }
         }
@@ -189,6 +197,66 @@ async fn manual_op(client: &LockClient, ctx: &Ctx, op: u64, key: &str, read: boo
                 biased;
                 () = lost => false,
                 () = work(ctx, op, key, fence, read) => true,
+            };
+            ctx.rec.record(
+                op,
+                key,
+                if finished {
+                    Kind::Releasing
+                } else {
+                    Kind::Lost
+                },
+            );
+            let kind = match guard.release().await {
+                Ok(()) => Kind::Released,
+                Err(LockError::Lost { .. }) => Kind::ReleaseLost,
+                Err(e) => {
+                    error_line("release", &e);
+                    Kind::ReleaseFailed
+                }
+            };
+            ctx.rec.record(op, key, kind);
+        }
+        Err(e @ LockError::Timeout { .. }) => call_failed(ctx, op, key, started, &e),
+        Err(e) => {
+            call_failed(ctx, op, key, started, &e);
+            tokio::time::sleep(Duration::from_millis(fastrand::u64(20..60))).await;
+        }
+    }
+}
+
+/// A permit of a semaphore of `permits`: held as a lock is, written
+/// with nothing.
+async fn permit_op(client: &LockClient, ctx: &Ctx, op: u64, key: &str) {
+    let Settings {
+        lease,
+        wait,
+        permits,
+        ..
+    } = ctx.settings;
+    ctx.rec.record(
+        op,
+        key,
+        Kind::AttemptPermits {
+            wait_ms: ms(wait),
+            permits: u64::from(permits),
+        },
+    );
+    let started = Instant::now();
+    match client.semaphore(key, permits).lease(lease).wait(wait).await {
+        Ok(guard) => {
+            ctx.rec.record(
+                op,
+                key,
+                Kind::AcquiredPermit {
+                    fence: guard.fence(),
+                },
+            );
+            let lost = guard.lost();
+            let finished = tokio::select! {
+                biased;
+                () = lost => false,
+                () = work(ctx, op, key, guard.fence(), true) => true,
             };
             ctx.rec.record(
                 op,
@@ -417,7 +485,9 @@ fn main() {
                             _ => false,
                         };
                         let read = fastrand::u32(..100) < ctx.settings.read_pct;
-                        if attr {
+                        if ctx.settings.permits > 0 {
+                            permit_op(&client, &ctx, op, key).await;
+                        } else if attr {
                             attr_op(&ctx, op, key, read).await;
                         } else {
                             manual_op(&client, &ctx, op, key, read).await;

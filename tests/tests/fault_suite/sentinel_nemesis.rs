@@ -35,6 +35,8 @@ const LOCKING: Locking = Locking {
     wait: Duration::from_secs(8),
     read_pct: 0,
     long_hold_ms: 3_000,
+    permits: 0,
+    other_permits: 0,
 };
 
 /// `replica_acks` of the fleet that has them: one of the two replicas.

@@ -29,6 +29,15 @@ impl MemoryBackend {
                 let holders = readers.into_iter().map(|(_, o)| o.to_string()).collect();
                 (holders, ttl, Some(*fence))
             }
+            Some(Lock::Permits(permits)) => {
+                // Longest lease last; the highest token is the hold's.
+                let mut held: Vec<_> = permits.iter().map(|(o, p)| (p.ends, o, p.fence)).collect();
+                held.sort();
+                let ttl = held.last().map(|(ends, _, _)| *ends - now);
+                let fence = held.iter().map(|(_, _, f)| *f).max().filter(|f| *f > 0);
+                let holders = held.into_iter().map(|(_, o, _)| o.to_string()).collect();
+                (holders, ttl, fence)
+            }
             // (Tokens come from one counter for the whole backend: a free
             // key keeps none of its own.)
             None => (Vec::new(), None, None),

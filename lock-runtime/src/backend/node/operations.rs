@@ -25,6 +25,9 @@ impl RedisNode {
     pub(crate) async fn inspect(&self, name: &LockName) -> Result<Seen, Fault> {
         let (what, pttl, token, waiters, holders): (String, i64, String, i64, Vec<String>) =
             self.eval(&scripts::INSPECT, &[&name.hash], &[]).await?;
+        if what == "hash" {
+            return self.inspect_permits(name).await;
+        }
         if what != "held" && what != "free" {
             return Err(Fault::other(format!(
                 "`{}` on Redis at {} is a {what}, not a lock of this client (another key prefix?)",

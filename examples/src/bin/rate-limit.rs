@@ -1,0 +1,59 @@
+//! At most 4 calls in flight to a slow payment provider, across three
+//! instances: `#[distributed_lock(key = "payments:{merchant}", permits = 4)]`
+//! on the call. 60 charges start at once, first without the semaphore (the
+//! provider refuses what exceeds its limit), then with it (every charge
+//! waits for a permit and goes through).
+//!
+//! `cargo run -p examples --bin rate-limit` (uses `REDIS_URL`, else a
+//! temporary `redis-server` if one is on `PATH`, else the in-memory
+//! backend).
+
+use std::time::Duration;
+
+use examples::flash_sale::spawn::TempRedis;
+use examples::rate_limit::{self, Report, LIMIT};
+use lock_runtime::{LockClient, LockError};
+
+const INSTANCES: usize = 3;
+const CALLS: usize = 60;
+const LATENCY: Duration = Duration::from_millis(50);
+
+#[tokio::main]
+async fn main() -> Result<(), LockError> {
+    let temp = match std::env::var("REDIS_URL") {
+        Ok(_) => None,
+        Err(_) => TempRedis::start().ok().flatten(),
+    };
+    let url = std::env::var("REDIS_URL")
+        .ok()
+        .or_else(|| temp.as_ref().map(TempRedis::url));
+    let shared_memory = LockClient::memory();
+    let mut clients = Vec::new();
+    for _ in 0..INSTANCES {
+        clients.push(match &url {
+            Some(url) => LockClient::connect(url).await?,
+            None => shared_memory.clone(),
+        });
+    }
+    println!(
+        "{INSTANCES} instances, {CALLS} charges at once, a provider that takes {LATENCY:?} a call \
+         and refuses more than {LIMIT} in flight; on {}",
+        url.as_deref().unwrap_or("the in-memory backend")
+    );
+    let show = |what: &str, r: &Report| {
+        println!(
+            "  {what:<16} served {:>3}, refused {:>3}, at most {:>2} in flight",
+            r.served, r.refused, r.most_in_flight
+        )
+    };
+    let unlimited = rate_limit::run(&clients, CALLS, LATENCY, false).await?;
+    show("no semaphore:", &unlimited);
+    let limited = rate_limit::run(&clients, CALLS, LATENCY, true).await?;
+    show("permits = 4:", &limited);
+    drop(temp);
+    if limited.refused == 0 && limited.most_in_flight <= LIMIT {
+        Ok(())
+    } else {
+        std::process::exit(1)
+    }
+}

@@ -1,0 +1,144 @@
+-- Give back one permit of a semaphore and hand it to the first live waiter
+-- (docs/SEMAPHORES.md); a waiter that gives up (or an undo) leaves the
+-- queue by this same call.
+-- KEYS[1] the semaphore (a hash, see permit.lua), KEYS[2] the token
+-- counter of its slot, KEYS[3], KEYS[4] on a Redis Cluster its queue and
+-- waiters
+-- ARGV[1] owner id
+-- ARGV[2] flags: 's' tell waiters by SPUBLISH (a Redis Cluster; else
+--         PUBLISH); 'a' also publish on KEYS[1] .. ':released' (Redlock
+--         waiters, which do not queue); 'f' a forced release (nothing
+--         differs for a permit)
+-- ARGV[3] how long the counter outlives its last use, in ms
+-- Returns 1 released, 0 not held (its lease ended, it never held, or an
+-- earlier send of this release ran), -1 the key is not a semaphore (a
+-- lock's string).
+local sem, owner, flags = KEYS[1], ARGV[1], ARGV[2]
+local queue = KEYS[3] or sem .. ':queue'
+local waiters = KEYS[4] or sem .. ':waiters'
+
+local t = redis.call('time')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local cur = redis.pcall('hget', sem, owner)
+if type(cur) == 'table' then
+  if redis.call('hdel', waiters, owner) == 1 then
+    redis.call('lrem', queue, 1, owner)
+  end
+  return -1
+end
+-- An entry whose lease ended is no permit any more (renew_permits.lua
+-- says so too, and another call may have counted it out already): it
+-- goes, and the release says it was not held.
+local gone = 0
+if cur then
+  redis.call('hdel', sem, owner)
+  local ends = tonumber(string.match(cur, '^(%d+)'))
+  if ends and ends > now then
+    gone = 1
+  end
+elseif redis.call('hdel', waiters, owner) == 1 then
+  -- A waiter giving up frees nothing; but at the head it may have held
+  -- back waiters behind it that a smaller N of its own kept out (strict
+  -- FIFO): they are served below.
+  local head = redis.call('lindex', queue, 0)
+  redis.call('lrem', queue, 1, owner)
+  if head ~= owner then
+    return 0
+  end
+end
+local done = gone
+
+-- The fast path: nobody waits.
+if redis.call('llen', queue) == 0 then
+  if string.find(flags, 'a', 1, true) then
+    redis.call('publish', sem .. ':released', '')
+  end
+  return done
+end
+
+-- The next token of the slot (see acquire.lua): a waiter handed a permit.
+local function next_token()
+  local token = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local last = redis.pcall('set', KEYS[2], string.format('%.0f', token), 'PX', ARGV[3], 'GET')
+  local n = type(last) == 'string' and string.match(last, '^%d+$') and tonumber(last)
+  if n and n >= token then
+    token = n + 1
+    redis.call('set', KEYS[2], string.format('%.0f', token), 'PX', ARGV[3])
+  end
+  return string.format('%.0f', token)
+end
+local function stretch(ms)
+  if redis.call('pttl', sem) < ms then
+    redis.call('pexpire', sem, ms)
+  end
+end
+-- Live holders, dropping entries whose lease ended (O(N)).
+local live = 0
+local all = redis.call('hgetall', sem)
+for i = 1, #all, 2 do
+  local ends = tonumber(string.match(all[i + 1], '^(%d+)'))
+  if ends and ends > now then
+    live = live + 1
+  else
+    redis.call('hdel', sem, all[i])
+  end
+end
+-- Hand free permits to the queue's head, in order (the same function is in
+-- permit.lua): a head whose entry is missing or past its stay, or the
+-- releasing owner's own left-over entry, is dropped; a live head whose own
+-- N admits the live holders gets a permit and is told on its client's
+-- channel (nobody heard: its client is gone, and the permit goes back); a
+-- live head whose N the holders fill stops it (strict FIFO). At most 256
+-- heads and 32 grants a call: the next call goes on, so no release is
+-- O(waiters).
+local looked, told, deaf = 0, 0, {}
+while looked < 256 and told < 32 do
+  local head = redis.call('lindex', queue, 0)
+  if not head then
+    break
+  end
+  local entry = redis.call('hget', waiters, head)
+  local hl, untl, f
+  if entry then
+    hl, untl, f = string.match(entry, '^(%d+) (%d+) ?(%S*)$')
+  end
+  local n = tonumber(string.match(head, '^[^:]*:s(%d+)%.'))
+  local client = string.match(head, '^[^:]*')
+  local waiting = hl and tonumber(untl) > now and head ~= owner and not deaf[client]
+  -- (A live lock waiter, one key used both ways, stops it too: its own
+  -- next ask takes the key once the permits are back.)
+  if waiting and (not n or live >= n) then
+    break
+  end
+  local alive = waiting and n
+  redis.call('lpop', queue)
+  redis.call('hdel', waiters, head)
+  looked = looked + 1
+  if alive then
+    told = told + 1
+    local token = f == 'f' and next_token() or '-'
+    -- (The hold is written before the grant is announced.)
+    redis.call('hset', sem, head, (now + tonumber(hl)) .. ' ' .. token)
+    stretch(tonumber(hl))
+    local channel = sem .. ':granted:' .. client
+    local message = head .. ' ' .. (token == '-' and '0' or token) .. ' ' .. now
+    local heard
+    if string.find(flags, 's', 1, true) then
+      heard = redis.call('spublish', channel, message) > 0
+    else
+      heard = redis.call('publish', channel, message) > 0
+    end
+    if heard then
+      live = live + 1
+    else
+      -- Its client is gone, and with it every waiter of that client
+      -- queued after it: those are passed over without a word.
+      deaf[client] = true
+      redis.call('hdel', sem, head)
+    end
+  end
+end
+if string.find(flags, 'a', 1, true) then
+  redis.call('publish', sem .. ':released', '')
+end
+return done
