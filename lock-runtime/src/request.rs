@@ -139,7 +139,9 @@ impl LockClient {
     /// increasing per key. Waiters queue first come first served, and a
     /// returned permit is handed to the first of them directly. Inside a
     /// body that holds a permit of `key`, a request for it re-enters (no
-    /// second permit). `.lease()`, `.wait()`, `.fence(false)`,
+    /// second permit); futures joined beside that body do not, as each is
+    /// a body of its own, and a permit taken by `.await` (not `run`) is
+    /// re-entered by nobody. `.lease()`, `.wait()`, `.fence(false)`,
     /// `.min_hold()`, `.max_hold()` mean what they mean for a lock.
     ///
     /// `permits` 0 admits nobody: the request fails with

@@ -229,8 +229,9 @@ mod permit_scope_tests {
     }
 
     /// A call nested in a permit's body re-enters that permit, also when
-    /// every permit is in use (the one permit is the body's) (it would otherwise wait for itself); and
-    /// so do futures joined inside that body, which are part of it.
+    /// every permit is in use (here the one permit is the body's: it would
+    /// otherwise wait for itself); so do futures joined inside that body,
+    /// which are part of it.
     #[tokio::test]
     async fn a_nested_call_re_enters_its_permit_when_all_are_in_use() {
         let client = LockClient::memory();
