@@ -82,13 +82,11 @@ impl LockRequest {
         let (label, fence) = (guard.label(), guard.fence());
         let phases = spans::hold(guard.key(), label, fence);
         let fences = BodyFences::of(guard.key_fences());
-        let body = scope::with_fences(fences, body);
-        let body = async move {
-            match scoped {
-                Some(s) => scope::within(s, body).await,
-                None => body.await,
-            }
-        };
+        // (One future either way: `run` put this call in a scope, and a
+        // lock's body runs in it again; a match of two awaits would hold
+        // the body twice, and nested bodies multiply that.)
+        let scope = scoped.or_else(scope::current).unwrap_or_default();
+        let body = scope::within(scope, scope::with_fences(fences, body));
         let body = spans::Held::new(body, phases);
         tokio::pin!(body);
         let lost = guard.lost();
