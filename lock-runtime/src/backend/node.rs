@@ -827,29 +827,7 @@ impl RedisNode {
                 }
             })
             .await?;
-        let int = |v: &Value| redis::from_redis_value_ref::<i64>(v).ok();
-        let (flag, n, at) = match &reply {
-            Value::Array(items) => match &items[..] {
-                [flag, n] => (int(flag), int(n), Some(0)),
-                [flag, n, at] => (int(flag), int(n), int(at)),
-                _ => (None, None, None),
-            },
-            _ => (None, None, None),
-        };
-        let (Some(flag), Some(n), Some(at)) = (flag, n, at) else {
-            return Err(Fault::other(format!(
-                "acquire.lua on Redis at {}: unexpected reply {reply:?}",
-                self.addr
-            )));
-        };
-        Ok(match flag {
-            1 => Acquired::Fresh { fence: n as u64 },
-            2 => Acquired::Repeated { fence: n as u64 },
-            _ => Acquired::Busy {
-                ttl: (n > 0).then(|| Duration::from_millis(n as u64)),
-                queued: (at > 0).then_some(Queued::At(at as u64)),
-            },
-        })
+        acquired(&reply, "acquire.lua", &self.addr)
     }
 
     /// The release script's flags: how it tells waiters, and for Redlock
@@ -1295,6 +1273,34 @@ pub(crate) enum Wake {
     /// Never: taking back a partial Redlock grant frees nothing, and a
     /// wake-up would only send the waiters (this one too) round again.
     Never,
+}
+
+/// What an acquire script's reply says (`acquire.lua`, `permit.lua`):
+/// `{1, token}` taken, `{2, token}` already this owner's, `{0, ttl ms,
+/// queued at}` busy.
+pub(crate) fn acquired(reply: &Value, script: &str, addr: &str) -> Result<Acquired, Fault> {
+    let int = |v: &Value| redis::from_redis_value_ref::<i64>(v).ok();
+    let (flag, n, at) = match reply {
+        Value::Array(items) => match &items[..] {
+            [flag, n] => (int(flag), int(n), Some(0)),
+            [flag, n, at] => (int(flag), int(n), int(at)),
+            _ => (None, None, None),
+        },
+        _ => (None, None, None),
+    };
+    let (Some(flag), Some(n), Some(at)) = (flag, n, at) else {
+        return Err(Fault::other(format!(
+            "{script} on Redis at {addr}: unexpected reply {reply:?}"
+        )));
+    };
+    Ok(match flag {
+        1 => Acquired::Fresh { fence: n as u64 },
+        2 => Acquired::Repeated { fence: n as u64 },
+        _ => Acquired::Busy {
+            ttl: (n > 0).then(|| Duration::from_millis(n as u64)),
+            queued: (at > 0).then_some(Queued::At(at as u64)),
+        },
+    })
 }
 
 /// The KEYS of `acquire.lua` and `release.lua` (see

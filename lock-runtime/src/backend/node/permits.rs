@@ -9,7 +9,7 @@ use redis::Value;
 
 use super::{millis, Query, RedisNode, Wake};
 use crate::backend::fault::Fault;
-use crate::backend::{Acquired, Queue, Queued, Released, Seen};
+use crate::backend::{Acquired, Queue, Released, Seen};
 use crate::key::LockName;
 use crate::scripts::{self, Arg};
 
@@ -67,29 +67,7 @@ impl RedisNode {
                     .await
             })
             .await?;
-        let int = |v: &Value| redis::from_redis_value_ref::<i64>(v).ok();
-        let (flag, n, at) = match &reply {
-            Value::Array(items) => match &items[..] {
-                [flag, n] => (int(flag), int(n), Some(0)),
-                [flag, n, at] => (int(flag), int(n), int(at)),
-                _ => (None, None, None),
-            },
-            _ => (None, None, None),
-        };
-        let (Some(flag), Some(n), Some(at)) = (flag, n, at) else {
-            return Err(Fault::other(format!(
-                "permit.lua on Redis at {}: unexpected reply {reply:?}",
-                self.addr
-            )));
-        };
-        Ok(match flag {
-            1 => Acquired::Fresh { fence: n as u64 },
-            2 => Acquired::Repeated { fence: n as u64 },
-            _ => Acquired::Busy {
-                ttl: (n > 0).then(|| Duration::from_millis(n as u64)),
-                queued: (at > 0).then_some(Queued::At(at as u64)),
-            },
-        })
+        super::acquired(&reply, "permit.lua", &self.addr)
     }
 
     /// Run `release_permit.lua` as `owner`: (its answer, whether an earlier
