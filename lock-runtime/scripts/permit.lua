@@ -26,11 +26,14 @@
 -- compared as strings while both have 16 digits; anything else takes
 -- exact arithmetic, and a counter that is not an integer is an error
 -- reply (and is left as it was). The fast path (a free semaphore nobody
--- waits for) runs no more Lua than that: no closure, no number formatted.
+-- waits for) runs no more Lua than that and the entry's lease end: no
+-- closure, one number parsed and formatted.
 local sem, owner, lease = KEYS[1], ARGV[1], ARGV[2]
-local stay, flags, fence_ttl = ARGV[3] or '', ARGV[4] or 'f', ARGV[5] or '86400000'
-local permits = tonumber(string.match(owner, '^[^:]*:s(%d+)%.'))
-if not permits or permits < 1 then
+local flags = ARGV[4] or 'f'
+-- N, matched only when at least 1 (as a string: a number is made of it
+-- only when it is compared).
+local permits = string.match(owner, '^[^:]*:s0*([1-9]%d*)%.')
+if not permits then
   return redis.error_reply('not a permit owner id: ' .. owner)
 end
 local fenced = flags == 'f' or string.find(flags, 'f', 1, true) ~= nil
@@ -43,6 +46,9 @@ local held = redis.pcall('hlen', sem)
 -- This owner's entry (nil: not read) and whether anyone is queued (nil:
 -- not asked), for the path below.
 local cur, queued
+if held ~= 0 then
+  permits = tonumber(permits)
+end
 if held == 0 or (type(held) == 'number' and held < permits) then
   if held > 0 then
     cur = redis.call('hget', sem, owner)
@@ -56,13 +62,16 @@ if held == 0 or (type(held) == 'number' and held < permits) then
     if #us < 6 then
       us = string.sub('00000' .. us, -6)
     end
+    -- The clock in microseconds (16 digits).
+    local clock = t[1] .. us
     local token = '-'
     if fenced then
-      token = ARGV[6] or t[1] .. us
-      local counter = KEYS[2]
+      token = ARGV[6] or clock
+      local counter, fence_ttl = KEYS[2], ARGV[5] or '86400000'
       local last = redis.pcall('set', counter, token, 'PX', fence_ttl, 'GET')
-      if last and (type(last) ~= 'string' or #last ~= #token or last >= token or not string.find(last, '^%d*$')) then
-        -- (The counter at or above the floor, or of another length.)
+      if last and (#last ~= #token or last >= token or not string.find(last, '^%d*$')) then
+        -- (The counter at or above the floor, or of another length, or an
+        -- error's table, whose length is 0.)
         if type(last) ~= 'string' then
           return redis.error_reply('token counter ' .. counter .. ' is not a string: ' .. tostring(last.err))
         end
@@ -77,8 +86,10 @@ if held == 0 or (type(held) == 'number' and held < permits) then
         end
       end
     end
-    -- The lease's end in server ms (13 digits: exact as a Lua number).
-    redis.call('hset', sem, owner, (t[1] * 1000 + string.sub(us, 1, 3) + lease) .. ' ' .. token)
+    -- The lease's end in server ms: '%d' truncates the microseconds
+    -- (exact below 2^43 ms, any lease under 200 years: the sum's rounding
+    -- error stays far from the 0.001 that would reach the next ms).
+    redis.call('hset', sem, owner, string.format('%d %s', clock / 1000 + lease, token))
     if held == 0 or redis.call('pttl', sem) < tonumber(lease) then
       redis.call('pexpire', sem, lease)
     end
@@ -90,6 +101,8 @@ if held == 0 or (type(held) == 'number' and held < permits) then
 end
 
 -- Everything else: a repeat, a full semaphore, a queue, a lock's key.
+permits = tonumber(permits)
+local stay, fence_ttl = ARGV[3] or '', ARGV[5] or '86400000'
 local waiters = KEYS[4] or sem .. ':waiters'
 local t = redis.call('time')
 -- Milliseconds (13 digits) and microseconds (16) are exact as Lua numbers.

@@ -2,8 +2,9 @@
 -- (docs/SEMAPHORES.md); a waiter that gives up (or an undo) leaves the
 -- queue by this same call.
 -- KEYS[1] the semaphore (a hash, see permit.lua), KEYS[2] the token
--- counter of its slot, KEYS[3], KEYS[4] on a Redis Cluster its queue and
--- waiters
+-- counter of its slot (left out on one server when the key prefix has no
+-- '{', as release.lua's), KEYS[3], KEYS[4] on a Redis Cluster its queue
+-- and waiters
 -- ARGV[1] owner id
 -- ARGV[2] flags: 's' tell waiters by SPUBLISH (a Redis Cluster; else
 --         PUBLISH); 'a' also publish on KEYS[1] .. ':released' (Redlock
@@ -19,7 +20,8 @@ local sem, owner, flags = KEYS[1], ARGV[1], ARGV[2] or ''
 local queue = KEYS[3] or sem .. ':queue'
 
 local cur = redis.pcall('hget', sem, owner)
-if type(cur) == 'table' then
+-- (An error's table has `err`; a string's is string.err, nil.)
+if cur and cur.err then
   local waiters = KEYS[4] or sem .. ':waiters'
   if redis.call('hdel', waiters, owner) == 1 then
     redis.call('lrem', queue, 1, owner)
@@ -34,8 +36,9 @@ local gone = 0
 if cur then
   redis.call('hdel', sem, owner)
   t = redis.call('time')
-  -- (The lease's end in ms, 13 digits, is after the clock's microseconds,
-  -- 16 digits, when a thousand times it is above them: exact as numbers.)
+  -- (The lease's end in ms is after the clock's ms exactly when a
+  -- thousand times it is above the clock's microseconds: 16 digits, exact
+  -- as Lua numbers; no number parsed but by arithmetic.)
   local ends = string.match(cur, '^%d+')
   if ends and ends * 1000 > t[1] * 1000000 + t[2] then
     gone = 1
@@ -64,14 +67,15 @@ local waiters = KEYS[4] or sem .. ':waiters'
 t = t or redis.call('time')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local fence_ttl = ARGV[3] or '86400000'
+local counter = KEYS[2] or string.match(sem, '^[^{]*') .. 'fence'
 -- The next token of the slot (see acquire.lua): a waiter handed a permit.
 local function next_token()
   local token = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local last = redis.pcall('set', KEYS[2], string.format('%.0f', token), 'PX', fence_ttl, 'GET')
+  local last = redis.pcall('set', counter, string.format('%.0f', token), 'PX', fence_ttl, 'GET')
   local n = type(last) == 'string' and string.match(last, '^%d+$') and tonumber(last)
   if n and n >= token then
     token = n + 1
-    redis.call('set', KEYS[2], string.format('%.0f', token), 'PX', fence_ttl)
+    redis.call('set', counter, string.format('%.0f', token), 'PX', fence_ttl)
   end
   return string.format('%.0f', token)
 end
