@@ -33,7 +33,8 @@ def read(path):
     with open(path) as f:
         return f.read()
 
-OURS = {n: read(f"lock-runtime/scripts/{n}.lua") for n in ("acquire", "release")}
+OURS = {n: read(f"lock-runtime/scripts/{n}.lua")
+        for n in ("acquire", "release", "permit", "release_permit")}
 # The floor: only the commands the fast path needs, nothing checked.
 FLOOR_ACQUIRE = """local t = redis.call('TIME')
 local token = t[1] .. string.sub('00000' .. t[2], -6)
@@ -49,6 +50,24 @@ FLOOR_RELEASE = """if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
 end
 return 0
+"""
+# A semaphore's floor: a permit of a free semaphore nobody waits for (the
+# hash's size, the clock, the queue's length, the counter, the entry, its
+# expiry), and its release (the clock, the entry, its deletion, the queue).
+FLOOR_PERMIT = """redis.call('HLEN', KEYS[1])
+local t = redis.call('TIME')
+redis.call('LLEN', KEYS[1] .. ':queue')
+local token = t[1] .. string.sub('00000' .. t[2], -6)
+redis.call('SET', KEYS[2], token, 'PX', '86400000', 'GET')
+redis.call('HSET', KEYS[1], ARGV[1], t[1] .. ' ' .. token)
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return {1, token}
+"""
+FLOOR_RELEASE_PERMIT = """redis.call('TIME')
+redis.call('HGET', KEYS[1], ARGV[1])
+local r = redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('LLEN', KEYS[1] .. ':queue')
+return r
 """
 # rslock 0.10's unlock script, verbatim.
 RSLOCK_RELEASE = """
@@ -108,6 +127,10 @@ sha = {
     "floor-acquire-wait": load(FLOOR_ACQUIRE_WAIT),
     "floor-release": load(FLOOR_RELEASE),
     "rslock-release": load(RSLOCK_RELEASE),
+    "permit": load(OURS["permit"]),
+    "release_permit": load(OURS["release_permit"]),
+    "floor-permit": load(FLOOR_PERMIT),
+    "floor-release-permit": load(FLOOR_RELEASE_PERMIT),
 }
 
 CLIENT = "%032x" % random.getrandbits(128)
@@ -118,6 +141,10 @@ STAY = 5050
 
 def owner(i):
     return f"{CLIENT}:{i}"
+
+def permit_owner(i):
+    # A request of a semaphore of 4 permits (`Mode::Permit`).
+    return f"{CLIENT}:s4.{i}"
 
 def token(i):
     return str(1764000000000000 + i)
@@ -199,6 +226,23 @@ def cases():
         ("rslock-acquire", "rslock's acquire (SET NX PX)", b"",
          lambda c: b"".join(resp("SET", key(c, i), "%040x" % i, "NX", "PX", LEASE) for i in n),
          "set"),
+    ]
+    # Semaphores: what `node/permits.rs` sends for a fenced permit with the
+    # default wait (trailing arguments at their defaults left out), and for
+    # its release; each release gives back a permit its case's setup took.
+    permit = lambda script, c: b"".join(resp("EVALSHA", sha[script], 2, key(c, i), "lock:fence",
+                                              permit_owner(i), LEASE, STAY) for i in n)
+    give_back = lambda script: lambda c: b"".join(
+        resp("EVALSHA", sha[script], 1, key(c, i), permit_owner(i)) for i in n)
+    out += [
+        ("permit-wait", "ours: fenced permit of a free semaphore, default wait (permit.lua)", b"",
+         lambda c: permit("permit", c), "evalsha"),
+        ("floor-permit-wait", "floor: HLEN, TIME, LLEN, SET … GET, HSET, PEXPIRE", b"",
+         lambda c: permit("floor-permit", c), "evalsha"),
+        ("release-permit", "ours: release of a live permit, nobody queued (release_permit.lua)",
+         lambda c: permit("permit", c), give_back("release_permit"), "evalsha"),
+        ("floor-release-permit", "floor: TIME, HGET, HDEL, LLEN",
+         lambda c: permit("permit", c), give_back("floor-release-permit"), "evalsha"),
     ]
     if native:
         out.append(("native-release", f"ours where the server has it: {native} \"<owner> <token>\"",

@@ -160,18 +160,24 @@ pub fn permit(
             Script::Permit
         },
         keys: vec![n[0].clone(), n[1].clone()],
-        args: vec![
-            owner.to_string(),
-            lease.to_string(),
-            stay.map_or(String::new(), |s| s.to_string()),
-            "f".to_string(),
-            fence_ttl.to_string(),
-        ],
+        args: trailing_defaults_left_out(
+            vec![
+                owner.to_string(),
+                lease.to_string(),
+                stay.map_or(String::new(), |s| s.to_string()),
+                "f".to_string(),
+                fence_ttl.to_string(),
+            ],
+            2,
+            &["", "f", DEFAULT_FENCE_TTL],
+        ),
     }
 }
 
 /// `RedisNode::run_release_permit` on one server (`Wake::IfReleased`, not
-/// forced: no flags). `before_fix`: `Defects::release_permit_before_fix`.
+/// forced: no flags): the counter left out of the keys (the prefix has no
+/// `{`), the flags and `fence_ttl` at their defaults left out. `before_fix`:
+/// `Defects::release_permit_before_fix`.
 pub fn release_permit(k: u8, owner: &str, fence_ttl: u64, before_fix: bool) -> Call {
     let n = names(k);
     Call {
@@ -180,8 +186,12 @@ pub fn release_permit(k: u8, owner: &str, fence_ttl: u64, before_fix: bool) -> C
         } else {
             Script::ReleasePermit
         },
-        keys: vec![n[0].clone(), n[1].clone()],
-        args: vec![owner.to_string(), String::new(), fence_ttl.to_string()],
+        keys: vec![n[0].clone()],
+        args: trailing_defaults_left_out(
+            vec![owner.to_string(), String::new(), fence_ttl.to_string()],
+            1,
+            &["", DEFAULT_FENCE_TTL],
+        ),
     }
 }
 

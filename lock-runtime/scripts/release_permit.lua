@@ -2,41 +2,48 @@
 -- (docs/SEMAPHORES.md); a waiter that gives up (or an undo) leaves the
 -- queue by this same call.
 -- KEYS[1] the semaphore (a hash, see permit.lua), KEYS[2] the token
--- counter of its slot, KEYS[3], KEYS[4] on a Redis Cluster its queue and
--- waiters
+-- counter of its slot (left out on one server when the key prefix has no
+-- '{', as release.lua's), KEYS[3], KEYS[4] on a Redis Cluster its queue
+-- and waiters
 -- ARGV[1] owner id
 -- ARGV[2] flags: 's' tell waiters by SPUBLISH (a Redis Cluster; else
 --         PUBLISH); 'a' also publish on KEYS[1] .. ':released' (Redlock
 --         waiters, which do not queue); 'f' a forced release (nothing
 --         differs for a permit)
 -- ARGV[3] how long the counter outlives its last use, in ms
+-- Trailing arguments at their default are left out: ARGV[2] '', ARGV[3]
+-- 86400000 (see permit.lua).
 -- Returns 1 released, 0 not held (its lease ended, it never held, or an
 -- earlier send of this release ran), -1 the key is not a semaphore (a
 -- lock's string).
-local sem, owner, flags = KEYS[1], ARGV[1], ARGV[2]
+local sem, owner, flags = KEYS[1], ARGV[1], ARGV[2] or ''
 local queue = KEYS[3] or sem .. ':queue'
-local waiters = KEYS[4] or sem .. ':waiters'
 
-local t = redis.call('time')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local cur = redis.pcall('hget', sem, owner)
-if type(cur) == 'table' then
+-- (An error's table has `err`; a string's is string.err, nil.)
+if cur and cur.err then
+  local waiters = KEYS[4] or sem .. ':waiters'
   if redis.call('hdel', waiters, owner) == 1 then
     redis.call('lrem', queue, 1, owner)
   end
   return -1
 end
+local t
 -- An entry whose lease ended is no permit any more (renew_permits.lua
 -- says so too, and another call may have counted it out already): it
 -- goes, and the release says it was not held.
 local gone = 0
 if cur then
   redis.call('hdel', sem, owner)
-  local ends = tonumber(string.match(cur, '^(%d+)'))
-  if ends and ends > now then
+  t = redis.call('time')
+  -- (The lease's end in ms is after the clock's ms exactly when a
+  -- thousand times it is above the clock's microseconds: 16 digits, exact
+  -- as Lua numbers; no number parsed but by arithmetic.)
+  local ends = string.match(cur, '^%d+')
+  if ends and ends * 1000 > t[1] * 1000000 + t[2] then
     gone = 1
   end
-elseif redis.call('hdel', waiters, owner) == 1 then
+elseif redis.call('hdel', KEYS[4] or sem .. ':waiters', owner) == 1 then
   -- A waiter giving up frees nothing; but at the head it may have held
   -- back waiters behind it that a smaller N of its own kept out (strict
   -- FIFO): they are served below.
@@ -50,20 +57,25 @@ local done = gone
 
 -- The fast path: nobody waits.
 if redis.call('llen', queue) == 0 then
-  if string.find(flags, 'a', 1, true) then
+  if flags ~= '' and string.find(flags, 'a', 1, true) then
     redis.call('publish', sem .. ':released', '')
   end
   return done
 end
 
+local waiters = KEYS[4] or sem .. ':waiters'
+t = t or redis.call('time')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local fence_ttl = ARGV[3] or '86400000'
+local counter = KEYS[2] or string.match(sem, '^[^{]*') .. 'fence'
 -- The next token of the slot (see acquire.lua): a waiter handed a permit.
 local function next_token()
   local token = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local last = redis.pcall('set', KEYS[2], string.format('%.0f', token), 'PX', ARGV[3], 'GET')
+  local last = redis.pcall('set', counter, string.format('%.0f', token), 'PX', fence_ttl, 'GET')
   local n = type(last) == 'string' and string.match(last, '^%d+$') and tonumber(last)
   if n and n >= token then
     token = n + 1
-    redis.call('set', KEYS[2], string.format('%.0f', token), 'PX', ARGV[3])
+    redis.call('set', counter, string.format('%.0f', token), 'PX', fence_ttl)
   end
   return string.format('%.0f', token)
 end

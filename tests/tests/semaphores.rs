@@ -854,6 +854,140 @@ async fn releasing_a_permit_whose_lease_ended_says_it_was_not_held() {
     assert_eq!(release_permit(&server, &key, "c2:s2.1"), 1);
 }
 
+/// `permit.lua` as the client sends it: `args` after the owner id (the
+/// trailing ones at their defaults left out).
+fn permit_as_sent(
+    server: &RedisServer,
+    hash: &str,
+    owner: &str,
+    args: &[&str],
+) -> redis::RedisResult<Vec<i64>> {
+    let script = redis::Script::new(PERMIT);
+    let mut call = script.prepare_invoke();
+    call.key(hash).key(tests::scripts::COUNTER).arg(owner);
+    for a in args {
+        call.arg(*a);
+    }
+    call.invoke(&mut server.conn())
+}
+
+/// A free semaphore's permit (the fast path) takes its token as a lock
+/// does: the next of the slot's counter, never below the clock or the
+/// Redlock floor, also where the counter has fewer digits than the clock;
+/// a counter that is no integer is an error reply and stays as it was,
+/// and nothing is held. The client leaves trailing arguments at their
+/// defaults out, and the release's counter key where the script can name
+/// it: a waiter it serves still takes its token from that counter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_free_semaphore_s_permit_takes_its_token_as_a_lock_does() {
+    let server = RedisServer::start();
+    let counter = tests::scripts::COUNTER;
+    let hash = format!("lock:{{{}}}", unique("sem-fast"));
+    let now_ms = |server: &RedisServer| {
+        let t: Vec<u64> = server.cmd(&["TIME"]);
+        t[0] * 1000 + t[1] / 1000
+    };
+    // Owner id, lease: fenced, no wait, the default fence_ttl.
+    let before = now_ms(&server);
+    let got = permit_as_sent(&server, &hash, "c1:s8.1", &["30000"]).unwrap();
+    let after = now_ms(&server);
+    assert_eq!(got[0], 1, "{got:?}");
+    assert!(got[1] >= before as i64 * 1000, "{got:?} below the clock");
+    assert_eq!(server.cmd::<i64>(&["GET", counter]), got[1]);
+    let ttl: i64 = server.cmd(&["PTTL", counter]);
+    assert!(ttl > 86_000_000, "the counter's ttl {ttl}");
+    let entry: String = server.cmd(&["HGET", &hash, "c1:s8.1"]);
+    let (ends, token) = entry.split_once(' ').unwrap();
+    let ends: u64 = ends.parse().unwrap();
+    assert!(
+        (before + 30_000..=after + 30_000).contains(&ends),
+        "{entry}: lease end not {before}..{after} + 30000"
+    );
+    assert_eq!(token, got[1].to_string());
+    let ttl: i64 = server.cmd(&["PTTL", &hash]);
+    assert!(
+        (25_000..=30_000).contains(&ttl),
+        "the semaphore's ttl {ttl}"
+    );
+
+    // A counter above the clock: its next. One of fewer digits (above the
+    // clock as a string, below it as a number): the clock.
+    let _: () = server.cmd(&["SET", counter, "8999999999999998"]);
+    let got = permit_as_sent(&server, &hash, "c1:s8.2", &["30000", "60000"]).unwrap();
+    assert_eq!(got, [1, 8_999_999_999_999_999]);
+    let _: () = server.cmd(&["SET", counter, "999999999999999"]);
+    let before = now_ms(&server) as i64 * 1000;
+    let got = permit_as_sent(&server, &hash, "c1:s8.3", &["30000"]).unwrap();
+    assert_eq!(got[0], 1);
+    assert!(
+        (before..before + 60_000_000).contains(&got[1]),
+        "{got:?}: not the clock ({before} µs)"
+    );
+    assert_eq!(server.cmd::<i64>(&["GET", counter]), got[1]);
+
+    // Redlock: never below the floor, nor below the counter.
+    let _: () = server.cmd(&["DEL", counter]);
+    let ttl = tests::scripts::COUNTER_TTL_MS.to_string();
+    let floor = ["30000", "w5000", "f", &ttl, "1900000000000000"];
+    let got = permit_as_sent(&server, &hash, "c1:s8.4", &floor).unwrap();
+    assert_eq!(got, [1, 1_900_000_000_000_000]);
+    let floor = ["30000", "w5000", "f", &ttl, "1000000000000000"];
+    let got = permit_as_sent(&server, &hash, "c1:s8.5", &floor).unwrap();
+    assert_eq!(got, [1, 1_900_000_000_000_001]);
+
+    // A counter that is no integer (of the clock's length and below it as
+    // a string, or of another length): refused, left as it was.
+    for broken in ["12345678901234x6", "not-a-number"] {
+        let _: () = server.cmd(&["SET", counter, broken]);
+        let got = permit_as_sent(&server, &hash, "c1:s8.6", &["30000"]);
+        assert!(got.is_err(), "{broken}: {got:?}");
+        assert_eq!(server.cmd::<String>(&["GET", counter]), broken);
+        assert!(!server.cmd::<bool>(&["HEXISTS", &hash, "c1:s8.6"]));
+    }
+    let _: () = server.cmd(&["DEL", counter]);
+
+    // Unfenced: no token.
+    let got = permit_as_sent(&server, &hash, "c1:s8.7", &["30000", "", ""]).unwrap();
+    assert_eq!(got, [1, 0]);
+    let entry: String = server.cmd(&["HGET", &hash, "c1:s8.7"]);
+    assert!(entry.ends_with(" -"), "{entry}");
+
+    // The release as sent: the semaphore's key and the owner id alone.
+    let release = |owner: &str| -> i64 {
+        redis::Script::new(RELEASE_PERMIT)
+            .key(&hash)
+            .arg(owner)
+            .invoke(&mut server.conn())
+            .expect("release_permit.lua")
+    };
+    assert_eq!(release("c1:s8.7"), 1);
+    assert_eq!(release("c1:s8.7"), 0, "released twice");
+    // Full, with a fenced waiter: a release serves it a token from the
+    // slot's counter, named by the script.
+    for n in 1..=5 {
+        assert_eq!(release(&format!("c1:s8.{n}")), 1, "c1:s8.{n}");
+    }
+    let hash1 = format!("lock:{{{}}}", unique("sem-fast-1"));
+    assert_eq!(
+        permit_as_sent(&server, &hash1, "c2:s1.1", &["30000"]).unwrap()[0],
+        1
+    );
+    let queued = permit_as_sent(&server, &hash1, "c3:s1.1", &["30000", "60000"]).unwrap();
+    assert_eq!(queued[0], 0, "{queued:?}");
+    let _: () = server.cmd(&["SET", counter, "1900000000000000"]);
+    let released: i64 = redis::Script::new(RELEASE_PERMIT)
+        .key(&hash1)
+        .arg("c2:s1.1")
+        .invoke(&mut server.conn())
+        .expect("release_permit.lua");
+    assert_eq!(released, 1);
+    assert_eq!(
+        server.cmd::<i64>(&["GET", counter]),
+        1_900_000_000_000_001,
+        "the served waiter's token is not the counter's next"
+    );
+}
+
 /// One key used both ways. P2 waits for a permit; the permits lapse and a
 /// lock L takes the key; L2 queues behind P2. L's release hands no lock to
 /// P2 (a permit's waiter): P2 stays first and its own next ask takes a

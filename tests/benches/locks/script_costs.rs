@@ -1,6 +1,6 @@
-//! Case 11: what each lock script costs the server per call, next to
-//! hand-written minimal scripts running only the commands it needs (the
-//! floor) and rslock's: `scripts/profile-scripts.sh` on the main server and
+//! Case 11: what each lock and permit script costs the server per call,
+//! next to hand-written minimal scripts running only the commands it needs
+//! (the floor) and rslock's: `scripts/profile-scripts.sh` on the main server and
 //! on the other kind, under callgrind where valgrind is installed
 //! (instructions per call repeat on a loaded machine; CPU time does not).
 
@@ -27,7 +27,9 @@ pub fn run(ctx: &Ctx, report: &mut Report) {
          {calls} of them on fresh keys through one pipelined connection (`redis-cli --pipe`), on a server \
          started for it, against hand-written minimal scripts doing only the commands the operation needs \
          (the floor: a fenced acquire of a free lock is `TIME`, the counter's `SET … GET`, `SET NX PX` of \
-         \"<owner> <token>\"; a release of an unmarked hold is `GET`, compare, `DEL`) and rslock's. Server \
+         \"<owner> <token>\"; a release of an unmarked hold is `GET`, compare, `DEL`; a fenced permit of a \
+         free semaphore nobody waits for is `HLEN`, `TIME`, `LLEN`, the counter's `SET … GET`, `HSET`, \
+         `PEXPIRE`; its release is `TIME`, `HGET`, `HDEL`, `LLEN`) and rslock's. Server \
          CPU per call: `INFO cpu` over the calls. {} `INFO commandstats` µs per call are wall-clock \
          inside the server, so on a loaded machine they include the time the server was not scheduled; \
          read the CPU and instruction columns.",
