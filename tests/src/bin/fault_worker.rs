@@ -36,7 +36,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lock_runtime::{distributed_lock, LockClient, LockError};
+use lock_runtime::{distributed_lock, LockClient, LockError, LockGuard};
 use tests::fenced::{FencedStore, Write};
 use tests::history::{Failure, Kind, Recorder};
 
@@ -192,36 +192,9 @@ async fn manual_op(client: &LockClient, ctx: &Ctx, op: u64, key: &str, read: boo
         Ok(guard) => {
             let fence = guard.fence();
             ctx.rec.record(op, key, acquired(fence, read));
-            let lost = guard.lost();
-            let finished = tokio::select! {
-                biased;
-                () = lost => false,
-                () = work(ctx, op, key, fence, read) => true,
-            };
-            ctx.rec.record(
-                op,
-                key,
-                if finished {
-                    Kind::Releasing
-                } else {
-                    Kind::Lost
-                },
-            );
-            let kind = match guard.release().await {
-                Ok(()) => Kind::Released,
-                Err(LockError::Lost { .. }) => Kind::ReleaseLost,
-                Err(e) => {
-                    error_line("release", &e);
-                    Kind::ReleaseFailed
-                }
-            };
-            ctx.rec.record(op, key, kind);
+            hold_then_release(ctx, op, key, guard, read).await;
         }
-        Err(e @ LockError::Timeout { .. }) => call_failed(ctx, op, key, started, &e),
-        Err(e) => {
-            call_failed(ctx, op, key, started, &e);
-            tokio::time::sleep(Duration::from_millis(fastrand::u64(20..60))).await;
-        }
+        Err(e) => failed(ctx, op, key, started, &e).await,
     }
 }
 
@@ -252,36 +225,47 @@ async fn permit_op(client: &LockClient, ctx: &Ctx, op: u64, key: &str) {
                     fence: guard.fence(),
                 },
             );
-            let lost = guard.lost();
-            let finished = tokio::select! {
-                biased;
-                () = lost => false,
-                () = work(ctx, op, key, guard.fence(), true) => true,
-            };
-            ctx.rec.record(
-                op,
-                key,
-                if finished {
-                    Kind::Releasing
-                } else {
-                    Kind::Lost
-                },
-            );
-            let kind = match guard.release().await {
-                Ok(()) => Kind::Released,
-                Err(LockError::Lost { .. }) => Kind::ReleaseLost,
-                Err(e) => {
-                    error_line("release", &e);
-                    Kind::ReleaseFailed
-                }
-            };
-            ctx.rec.record(op, key, kind);
+            hold_then_release(ctx, op, key, guard, true).await;
         }
-        Err(e @ LockError::Timeout { .. }) => call_failed(ctx, op, key, started, &e),
+        Err(e) => failed(ctx, op, key, started, &e).await,
+    }
+}
+
+/// The body's work under `guard` until it ends or the hold is lost,
+/// then the release, each step recorded.
+async fn hold_then_release(ctx: &Ctx, op: u64, key: &str, guard: LockGuard, read: bool) {
+    let lost = guard.lost();
+    let finished = tokio::select! {
+        biased;
+        () = lost => false,
+        () = work(ctx, op, key, guard.fence(), read) => true,
+    };
+    ctx.rec.record(
+        op,
+        key,
+        if finished {
+            Kind::Releasing
+        } else {
+            Kind::Lost
+        },
+    );
+    let kind = match guard.release().await {
+        Ok(()) => Kind::Released,
+        Err(LockError::Lost { .. }) => Kind::ReleaseLost,
         Err(e) => {
-            call_failed(ctx, op, key, started, &e);
-            tokio::time::sleep(Duration::from_millis(fastrand::u64(20..60))).await;
+            error_line("release", &e);
+            Kind::ReleaseFailed
         }
+    };
+    ctx.rec.record(op, key, kind);
+}
+
+/// A call that ended without a hold; after anything but a timeout, a
+/// short pause before the next.
+async fn failed(ctx: &Ctx, op: u64, key: &str, started: Instant, e: &LockError) {
+    call_failed(ctx, op, key, started, e);
+    if !matches!(e, LockError::Timeout { .. }) {
+        tokio::time::sleep(Duration::from_millis(fastrand::u64(20..60))).await;
     }
 }
 
@@ -347,11 +331,7 @@ async fn attr_op(ctx: &Ctx, op: u64, key: &str, read: bool) {
         Ok(()) => {}
         // The body was stopped: the lock was lost while it ran.
         Err(OpError::Lock(LockError::Lost { .. })) => ctx.rec.record(op, key, Kind::Lost),
-        Err(OpError::Lock(e @ LockError::Timeout { .. })) => call_failed(ctx, op, key, started, &e),
-        Err(OpError::Lock(e)) => {
-            call_failed(ctx, op, key, started, &e);
-            tokio::time::sleep(Duration::from_millis(fastrand::u64(20..60))).await;
-        }
+        Err(OpError::Lock(e)) => failed(ctx, op, key, started, &e).await,
         Err(OpError::NoFence) => {
             ctx.rec.record(
                 op,
