@@ -6,4 +6,5 @@
 //! tests share one copy of the service, the load and the report.
 
 pub mod flash_sale;
+pub mod instances;
 pub mod rate_limit;

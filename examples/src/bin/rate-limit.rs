@@ -10,9 +10,9 @@
 
 use std::time::Duration;
 
-use examples::flash_sale::spawn::TempRedis;
+use examples::instances::Instances;
 use examples::rate_limit::{self, Report, LIMIT};
-use lock_runtime::{LockClient, LockError};
+use lock_runtime::LockError;
 
 const INSTANCES: usize = 3;
 const CALLS: usize = 60;
@@ -20,25 +20,15 @@ const LATENCY: Duration = Duration::from_millis(50);
 
 #[tokio::main]
 async fn main() -> Result<(), LockError> {
-    let temp = match std::env::var("REDIS_URL") {
-        Ok(_) => None,
-        Err(_) => TempRedis::start().ok().flatten(),
-    };
-    let url = std::env::var("REDIS_URL")
-        .ok()
-        .or_else(|| temp.as_ref().map(TempRedis::url));
-    let shared_memory = LockClient::memory();
-    let mut clients = Vec::new();
-    for _ in 0..INSTANCES {
-        clients.push(match &url {
-            Some(url) => LockClient::connect(url).await?,
-            None => shared_memory.clone(),
-        });
-    }
+    let Instances {
+        clients,
+        on,
+        redis: temp,
+    } = Instances::connect(INSTANCES).await?;
     println!(
         "{INSTANCES} instances, {CALLS} charges at once, a provider that takes {LATENCY:?} a call \
          and refuses more than {LIMIT} in flight; on {}",
-        url.as_deref().unwrap_or("the in-memory backend")
+        on
     );
     let show = |what: &str, r: &Report| {
         println!(

@@ -19,8 +19,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use examples::flash_sale::spawn::TempRedis;
-use lock_runtime::{LockClient, LockError};
+use examples::instances::Instances;
+use lock_runtime::LockError;
 
 const PERIOD: Duration = Duration::from_secs(1);
 const PERIODS: u32 = 5;
@@ -28,24 +28,14 @@ const INSTANCES: u32 = 3;
 
 #[tokio::main]
 async fn main() -> Result<(), LockError> {
-    let temp = match std::env::var("REDIS_URL") {
-        Ok(_) => None,
-        Err(_) => TempRedis::start().ok().flatten(),
-    };
-    let url = std::env::var("REDIS_URL")
-        .ok()
-        .or_else(|| temp.as_ref().map(TempRedis::url));
-    let shared_memory = LockClient::memory();
-    let mut clients = Vec::new();
-    for _ in 0..INSTANCES {
-        clients.push(match &url {
-            Some(url) => LockClient::connect(url).await?,
-            None => shared_memory.clone(),
-        });
-    }
+    let Instances {
+        clients,
+        on,
+        redis: temp,
+    } = Instances::connect(INSTANCES as usize).await?;
     println!(
         "{INSTANCES} instances, a run every {PERIOD:?} for {PERIODS} periods, on {}",
-        url.as_deref().unwrap_or("the in-memory backend")
+        on
     );
 
     // (period, instance) of every run.
