@@ -385,6 +385,14 @@ pub async fn locks_and_semaphores_exclude_each_other(d: &Deployment) {
             .read_lock(&key)
             .wait(Duration::from_millis(100))
             .await,
+        // Unfenced: its first try is not the script, and finds the key busy
+        // all the same, with and without time to wait.
+        d.client(1)
+            .lock(&key)
+            .fence(false)
+            .wait(Duration::from_millis(100))
+            .await,
+        d.client(1).lock(&key).fence(false).wait(Duration::ZERO).await,
     ] {
         assert!(
             matches!(r, Err(LockError::Timeout { .. })),
@@ -393,21 +401,43 @@ pub async fn locks_and_semaphores_exclude_each_other(d: &Deployment) {
         );
     }
     s.release().await.unwrap();
-    let l = d.client(0).lock(&key).await.unwrap();
-    let r = d
-        .client(1)
-        .semaphore(&key, 3)
-        .wait(Duration::from_millis(100))
-        .await;
-    assert!(
-        matches!(r, Err(LockError::Timeout { .. })),
-        "{}: {r:?}",
-        d.name
-    );
-    assert_eq!(
-        d.client(1).inspect(&key).await.unwrap().unwrap().mode,
-        LockMode::Write
-    );
+    for fence in [true, false] {
+        let l = d.client(0).lock(&key).fence(fence).await.unwrap();
+        let r = d
+            .client(1)
+            .semaphore(&key, 3)
+            .wait(Duration::from_millis(100))
+            .await;
+        assert!(
+            matches!(r, Err(LockError::Timeout { .. })),
+            "{} (fence {fence}): {r:?}",
+            d.name
+        );
+        assert_eq!(
+            d.client(1).inspect(&key).await.unwrap().unwrap().mode,
+            LockMode::Write
+        );
+        l.release().await.unwrap();
+    }
+    // An unfenced lock waiting on a semaphore's key gets it once the
+    // permits go.
+    let s = d.client(0).semaphore(&key, 3).await.unwrap();
+    let lock = {
+        let (c, key) = (d.client(1).clone(), key.clone());
+        tokio::spawn(async move {
+            c.lock(&key)
+                .fence(false)
+                .wait(Duration::from_secs(20))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    s.release().await.unwrap();
+    let l = tokio::time::timeout(Duration::from_secs(15), lock)
+        .await
+        .expect("the unfenced lock was not taken after the semaphore emptied")
+        .unwrap()
+        .unwrap();
     l.release().await.unwrap();
     // A lock waiting on a semaphore's key gets it once the permits go.
     let s = d.client(0).semaphore(&key, 3).await.unwrap();

@@ -760,21 +760,27 @@ impl RedisNode {
                 .arg(lease_ms)
                 .arg("GET");
             let set = Query::Cmd(set);
-            let held: Option<String> = self
+            let held: Result<Option<String>, Fault> = self
                 .retrying_by(queue.by, |limit| self.query(&set, "taking a lock", limit))
-                .await?;
-            let Some(held) = held else {
-                return Ok(Acquired::Fresh { fence: 0 });
-            };
-            let mine = held.split(' ').next() == Some(owner);
-            if !mine && queue.stay.is_none() {
-                return Ok(Acquired::Busy {
-                    ttl: None,
-                    queued: None,
-                });
+                .await;
+            match held {
+                Ok(None) => return Ok(Acquired::Fresh { fence: 0 }),
+                Ok(Some(held)) => {
+                    let mine = held.split(' ').next() == Some(owner);
+                    if !mine && queue.stay.is_none() {
+                        return Ok(Acquired::Busy {
+                            ttl: None,
+                            queued: None,
+                        });
+                    }
+                    // Busy and to queue, or this owner's (the script
+                    // answers `Repeated` and sets the lease again).
+                }
+                // A semaphore's hash under the name: busy, and the script
+                // says so (and queues the owner when it is to wait).
+                Err(Fault::Redis { source, .. }) if source.code() == Some("WRONGTYPE") => {}
+                Err(e) => return Err(e),
             }
-            // Busy and to queue, or this owner's (the script answers
-            // `Repeated` and sets the lease again).
         }
         let stay = match (queue.stay, floor.is_none()) {
             (None, _) => Arg::Str(""),
