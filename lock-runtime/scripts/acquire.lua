@@ -153,7 +153,7 @@ local function leave_queue()
   end
   return false
 end
--- Anything but a string (a lock of another layout, foreign data) is busy.
+-- Anything but a string (a semaphore's hash, foreign data) is busy.
 local cur = redis.pcall('get', lock)
 if reader and cur == false then
   -- The first reader of a read hold: the hold's token is the counter's
@@ -178,6 +178,11 @@ if reader and cur == false then
   return {1, token or 0}
 end
 if type(cur) ~= 'string' then
+  -- (Another error, such as a command the user may not run, is the
+  -- caller's to see: it is no busy lock.)
+  if type(cur) == 'table' and not string.find(cur.err, '^WRONGTYPE') then
+    return redis.error_reply(cur.err .. ' (GET ' .. lock .. ')')
+  end
   return {0, redis.call('pttl', lock), 0}
 end
 local holder, held_token, mark, from = string.match(cur, '^(%S+) ?(%S*) ?(%S*) ?(%S*)$')

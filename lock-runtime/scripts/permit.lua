@@ -226,7 +226,11 @@ local function serve(live)
 end
 
 if type(held) ~= 'number' then
-  -- A lock's string (or foreign data): busy, never queued.
+  -- A lock's string (or foreign data): busy, never queued. Another error,
+  -- such as a command the user may not run, is the caller's to see.
+  if not string.find(held.err, '^WRONGTYPE') then
+    return redis.error_reply(held.err .. ' (HLEN ' .. sem .. ')')
+  end
   return {0, redis.call('pttl', sem), 0}
 end
 

@@ -392,7 +392,11 @@ pub async fn locks_and_semaphores_exclude_each_other(d: &Deployment) {
             .fence(false)
             .wait(Duration::from_millis(100))
             .await,
-        d.client(1).lock(&key).fence(false).wait(Duration::ZERO).await,
+        d.client(1)
+            .lock(&key)
+            .fence(false)
+            .wait(Duration::ZERO)
+            .await,
     ] {
         assert!(
             matches!(r, Err(LockError::Timeout { .. })),

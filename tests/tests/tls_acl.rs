@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use lock_runtime::{LockClient, LockError};
+use lock_runtime::{LockClient, LockError, LockMode};
 use tests::sentinel::{Sentinel, Timing};
 use tests::tls::{tls_server, Certs, PASSWORD, USER};
 use tests::{free_port, unique};
@@ -209,4 +209,224 @@ async fn sentinel_over_tls_reaches_the_data_node_over_tls_with_its_acl_user() {
         .await
         .expect("Sentinel over TLS, the data node over TLS with the URLs' ACL user");
     assert!(lock_and_release(&client).await > 0);
+}
+
+/// The ACL user `docs/PRODUCTION.md` documents, read out of it (so the doc
+/// and this test cannot drift): the `ACL SETUSER` block's words.
+fn documented_acl_line() -> Vec<String> {
+    let doc = include_str!("../../docs/PRODUCTION.md");
+    let start = doc
+        .find("```text\nACL SETUSER")
+        .expect("docs/PRODUCTION.md has an ACL SETUSER block");
+    let block = &doc[start + "```text\n".len()..];
+    let block = &block[..block.find("```").expect("the block ends")];
+    block
+        .split_whitespace()
+        .filter(|w| *w != "\\")
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Every operation, contended and not, as the user `docs/PRODUCTION.md`
+/// documents: locks (fenced, unfenced, handed over), read and write locks,
+/// semaphores (taken, queued, handed over),
+/// renewals, `min_hold`, inspect, list and both force releases. Redis
+/// refused none of the commands they sent (`ACL LOG` stays empty).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_acl_user_can_do_everything() {
+    let server = tests::RedisServer::start();
+    let words = documented_acl_line();
+    assert_eq!(words[..3], ["ACL", "SETUSER", "locks"], "{words:?}");
+    let password = words
+        .iter()
+        .find_map(|w| w.strip_prefix('>'))
+        .expect("a password")
+        .to_owned();
+    let mut setuser = redis::cmd("ACL");
+    for w in &words[1..] {
+        setuser.arg(w);
+    }
+    let ok: Result<String, _> = setuser.query(&mut server.conn());
+    assert_eq!(ok.as_deref().ok(), Some("OK"), "{ok:?} for {words:?}");
+    let url = format!("redis://locks:{password}@127.0.0.1:{}", server.port());
+    let connect = || async {
+        LockClient::builder()
+            .op_timeout(Duration::from_secs(2))
+            .connect(&url)
+            .await
+            .expect("connect as the documented user")
+    };
+    let (a, b) = (connect().await, connect().await);
+    let wait = Duration::from_secs(10);
+    let waiters_of =
+        |key: &str| -> i64 { server.cmd(&["HLEN", &format!("lock:{{{key}}}:waiters")]) };
+
+    // Locks: fenced and not, reentered, renewed, kept under min_hold.
+    for fence in [true, false] {
+        let key = unique("acl-lock");
+        let g = a
+            .lock(&key)
+            .fence(fence)
+            .lease(Duration::from_millis(300))
+            .await
+            .expect("lock");
+        // Past a lease: only renewals keep it.
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let info = b.inspect(&key).await.expect("inspect").expect("held");
+        assert_eq!(info.mode, LockMode::Write);
+        // A waiter queues, and the release hands the lock over.
+        let waiter = {
+            let (b, key) = (b.clone(), key.clone());
+            tokio::spawn(async move { b.lock(&key).fence(fence).wait(wait).await })
+        };
+        assert!(tests::eventually(wait, || waiters_of(&key) == 1).await);
+        g.release().await.expect("release");
+        let h = waiter.await.unwrap().expect("handed over");
+        h.release().await.expect("release");
+        let g = a
+            .lock(&key)
+            .fence(fence)
+            .min_hold(Duration::from_millis(200))
+            .await
+            .expect("lock under min_hold");
+        g.release().await.expect("release under min_hold");
+    }
+
+    // Read and write locks: readers share, a writer waits for them.
+    let key = unique("acl-rw");
+    let r1 = a.read_lock(&key).await.expect("read lock");
+    let r2 = b.read_lock(&key).await.expect("second reader");
+    let writer = {
+        let (b, key) = (b.clone(), key.clone());
+        tokio::spawn(async move { b.write_lock(&key).wait(wait).await })
+    };
+    assert!(tests::eventually(wait, || waiters_of(&key) == 1).await);
+    assert_eq!(a.inspect(&key).await.unwrap().unwrap().mode, LockMode::Read);
+    r1.release().await.expect("reader release");
+    r2.release().await.expect("reader release");
+    writer
+        .await
+        .unwrap()
+        .expect("writer")
+        .release()
+        .await
+        .unwrap();
+
+    // Semaphores: taken, renewed, queued, handed over, inspected.
+    let key = unique("acl-sem");
+    let s1 = a
+        .semaphore(&key, 1)
+        .lease(Duration::from_millis(300))
+        .await
+        .expect("permit");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let waiter = {
+        let (b, key) = (b.clone(), key.clone());
+        tokio::spawn(async move { b.semaphore(&key, 1).wait(wait).await })
+    };
+    assert!(tests::eventually(wait, || waiters_of(&key) == 1).await);
+    let info = a.inspect(&key).await.expect("inspect").expect("held");
+    assert_eq!(info.mode, LockMode::Semaphore { permits: 1 });
+    s1.release().await.expect("permit release");
+    let s2 = waiter.await.unwrap().expect("permit handed over");
+    s2.release().await.unwrap();
+    let s = a
+        .semaphore(&key, 1)
+        .min_hold(Duration::from_millis(200))
+        .await
+        .expect("permit under min_hold");
+    s.release().await.expect("permit release under min_hold");
+
+    // Listing and force releases, of a lock and of a permit.
+    let key = unique("acl-ops");
+    let _held = a.lock(&key).await.expect("lock");
+    assert!(b.locks(&format!("{key}*")).await.expect("list").len() == 1);
+    assert!(b.force_release(&key).await.expect("force release"));
+    let _permit = a.semaphore(&key, 2).await.expect("permit");
+    let holder = b.inspect(&key).await.unwrap().unwrap().holders[0].clone();
+    assert!(b
+        .force_release_if(&key, &holder)
+        .await
+        .expect("force release of one holder"));
+
+    // A user refused a command a script runs gets that refusal as a
+    // Backend error at once, not a lock or permit that looks busy until
+    // its wait runs out.
+    let mut narrower = redis::cmd("ACL");
+    narrower.arg("SETUSER").arg("nohlen");
+    for w in &words[3..] {
+        narrower.arg(w.as_str());
+    }
+    narrower.arg("-hlen").arg("-get");
+    let _: String = narrower.query(&mut server.conn()).unwrap();
+    let c = LockClient::connect(&format!(
+        "redis://nohlen:{password}@127.0.0.1:{}",
+        server.port()
+    ))
+    .await
+    .unwrap();
+    for (what, r) in [
+        (
+            "HLEN",
+            c.semaphore(unique("acl-no-hlen"), 2).wait(wait).await,
+        ),
+        ("GET", {
+            let key = unique("acl-no-get");
+            let _held = a.lock(&key).await.unwrap();
+            c.lock(&key).wait(wait).await
+        }),
+    ] {
+        let e = r.expect_err("refused");
+        assert!(matches!(e, LockError::Backend(_)), "{e:?}");
+        assert!(e.to_string().contains(what), "{e}");
+    }
+    server.cmd::<String>(&["ACL", "LOG", "RESET"]);
+
+    // (`CLIENT SETINFO`, which the `redis` crate sends where the server has
+    // it, is optional: its refusal is ignored.)
+    let refused: Vec<redis::Value> = server.cmd(&["ACL", "LOG"]);
+    let refused: Vec<String> = refused
+        .iter()
+        .map(|e| format!("{e:?}"))
+        .filter(|e| !e.contains("setinfo"))
+        .collect();
+    assert!(refused.is_empty(), "refused: {refused:?}");
+}
+
+/// Every command a script calls is on the documented ACL line (some run
+/// only in states the test above does not reach, such as a semaphore
+/// waiter at the head of a lock's queue).
+#[test]
+fn the_documented_acl_line_names_every_command_the_scripts_call() {
+    let words = documented_acl_line();
+    let scripts = [
+        include_str!("../../lock-runtime/scripts/acquire.lua"),
+        include_str!("../../lock-runtime/scripts/inspect.lua"),
+        include_str!("../../lock-runtime/scripts/inspect_permits.lua"),
+        include_str!("../../lock-runtime/scripts/keep.lua"),
+        include_str!("../../lock-runtime/scripts/keep_permit.lua"),
+        include_str!("../../lock-runtime/scripts/permit.lua"),
+        include_str!("../../lock-runtime/scripts/raise_fence.lua"),
+        include_str!("../../lock-runtime/scripts/raise_permit_fence.lua"),
+        include_str!("../../lock-runtime/scripts/release.lua"),
+        include_str!("../../lock-runtime/scripts/release_permit.lua"),
+        include_str!("../../lock-runtime/scripts/renew.lua"),
+        include_str!("../../lock-runtime/scripts/renew_permits.lua"),
+        include_str!("../../lock-runtime/scripts/renew_read.lua"),
+    ];
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../lock-runtime/scripts");
+    let on_disk = std::fs::read_dir(dir).unwrap().count();
+    assert_eq!(on_disk, scripts.len(), "a script was added: list it here");
+    let mut missing = Vec::new();
+    for script in scripts {
+        for call in ["redis.call('", "redis.pcall('"] {
+            for rest in script.split(call).skip(1) {
+                let command = &rest[..rest.find('\'').unwrap()];
+                if !words.iter().any(|w| w == &format!("+{command}")) {
+                    missing.push(command.to_owned());
+                }
+            }
+        }
+    }
+    assert!(missing.is_empty(), "not on the ACL line: {missing:?}");
 }
