@@ -42,7 +42,9 @@ mod key_template;
 ///   acquired; an earlier release leaves it to expire then.
 /// - `max_hold`: renewals stop this long after acquisition and the body is
 ///   told `Err(MaxHoldReached)` (`on_lost` applies). At least `lease` and
-///   `min_hold`.
+///   `min_hold` (a compile error when written beside them); without
+///   `lease`, the client's default lease is bounded by it (`max_hold =
+///   "10s"` under a default of 30 s: a lease of 10 s).
 /// - `fence`: `true` (default) hands the body a fencing token
 ///   (`current_fence()`); `false` takes the lock without one, as cheaply as
 ///   a bare `SET NX PX`.

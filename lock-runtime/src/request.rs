@@ -269,7 +269,10 @@ impl LockRequest {
     /// (ShedLock's `lockAtMostFor`): the last renewal ends the lease there,
     /// and the hold counts as lost from then on ([`run`](Self::run) stops
     /// the body under [`OnLost::Abort`]). A hung body cannot keep a lock
-    /// forever. Must be at least the lease and `min_hold`.
+    /// forever. Must be at least `min_hold`, and at least a lease set on
+    /// this request (else [`LockError::Config`] naming both). A lease left
+    /// to the client's default is bounded by it instead: `max_hold` of 10 s
+    /// under a default lease of 30 s takes the lock with a lease of 10 s.
     pub fn max_hold(mut self, max_hold: Duration) -> Self {
         self.max_hold = Some(max_hold);
         self
@@ -447,7 +450,14 @@ impl LockRequest {
             ..
         } = self;
         let cfg = &client.inner.config;
-        let lease = lease.unwrap_or(cfg.lease);
+        // A lease left to the client's default is bounded by `max_hold`:
+        // the hold ends there anyway. (One set on the request is checked
+        // below.)
+        let lease = match (lease, max_hold) {
+            (Some(lease), _) => lease,
+            (None, Some(max)) if !max.is_zero() => cfg.lease.min(max),
+            (None, _) => cfg.lease,
+        };
         let wait = wait.unwrap_or(cfg.wait);
         let name = LockName::new(&cfg.prefix, &key)?;
         if lease.is_zero() || lease > MAX_LEASE {

@@ -23,6 +23,16 @@ async fn hung(name: &str) -> Result<(), LockError> {
     Ok(())
 }
 
+/// `max_hold` below the client's default lease (30 s), no `lease` beside
+/// it: the lease is `max_hold`. The lease left, seen from the body.
+#[distributed_lock(key = "short:{name}", max_hold = "2s")]
+async fn short(name: &str) -> Result<Option<Duration>, LockError> {
+    let info = lock_runtime::client()?
+        .inspect(format!("short:{name}"))
+        .await?;
+    Ok(info.and_then(|i| i.ttl))
+}
+
 fn lock_key(key: &str) -> String {
     format!("lock:{{{key}}}")
 }
@@ -215,6 +225,37 @@ async fn max_hold_below_the_lease_is_a_config_error() {
         .await
         .unwrap_err();
     assert!(matches!(e, LockError::Config(_)), "{e:?}");
+    assert!(
+        e.to_string().contains("10s") && e.to_string().contains("30s"),
+        "{e}"
+    );
+}
+
+#[tokio::test]
+async fn max_hold_below_the_default_lease_bounds_the_lease() {
+    global::redis().await;
+    let ttl = short(&unique("short"))
+        .await
+        .expect("max_hold below the default lease runs the body")
+        .expect("held in the body");
+    assert!(ttl <= Duration::from_secs(2), "lease left {ttl:?}");
+    // By hand, and for a permit, too.
+    let client = lock_runtime::client().unwrap();
+    let key = unique("short");
+    let g = client
+        .lock(&key)
+        .max_hold(Duration::from_secs(2))
+        .await
+        .expect("lock");
+    assert!(client.inspect(&key).await.unwrap().unwrap().ttl.unwrap() <= Duration::from_secs(2));
+    g.release().await.unwrap();
+    let g = client
+        .semaphore(&key, 2)
+        .max_hold(Duration::from_secs(2))
+        .await
+        .expect("permit");
+    assert!(client.inspect(&key).await.unwrap().unwrap().ttl.unwrap() <= Duration::from_secs(2));
+    g.release().await.unwrap();
 }
 
 #[tokio::test]
