@@ -153,9 +153,10 @@
 //! least 1 s, about as long as the call waited); `Lost` is 503 too (the
 //! work lost its exclusivity midway and was stopped: nothing is wrong with
 //! the request, so not a 409, and an idempotent handler may be retried);
-//! `MaxHoldReached` and anything else are 500. The body is `{"error":
-//! "lock_busy" | "lock_lost" | "lock_max_hold" | "lock_unavailable", "key",
-//! "message"}`.
+//! `Closed` is 503 (this instance is shutting down: another can serve the
+//! request); `MaxHoldReached` and anything else are 500. The body is
+//! `{"error": "lock_busy" | "lock_lost" | "lock_closed" | "lock_max_hold" |
+//! "lock_unavailable", "key", "message"}`.
 //!
 //! ```ignore
 //! // features = ["axum"]
