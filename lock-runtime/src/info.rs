@@ -4,7 +4,8 @@
 use std::fmt;
 use std::time::Duration;
 
-/// How a lock is held: by one writer, or shared by readers.
+/// How a key is held: by one writer, shared by readers, or as a semaphore
+/// by up to `permits` holders.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum LockMode {

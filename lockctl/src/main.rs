@@ -36,7 +36,8 @@ struct Cli {
     /// environment exactly as `LockClient::from_env` reads it:
     /// LOCK_REDIS_URL, LOCK_REDIS_SENTINELS + LOCK_REDIS_MASTER,
     /// LOCK_REDIS_CLUSTER or LOCK_REDIS_REDLOCK, else REDIS_URL (with
-    /// --cluster, --redlock or --sentinel: the URLs in REDIS_URL).
+    /// --cluster, --redlock or --sentinel: the URLs in LOCK_REDIS_CLUSTER,
+    /// LOCK_REDIS_REDLOCK or LOCK_REDIS_SENTINELS, else in REDIS_URL).
     #[arg(long, global = true)]
     url: Option<String>,
 
@@ -208,12 +209,20 @@ async fn connect(cli: &Cli) -> Result<LockClient, String> {
         builder = builder.tls_root_ca(&pem);
     }
     // Without --url, the library's own reading of the environment (its
-    // variables before REDIS_URL); REDIS_URL alone only lists the nodes
-    // of the kind a flag names.
-    let kind_flag = cli.cluster || cli.redlock || cli.sentinel.is_some();
-    let from_env = (cli.url.is_none() && kind_flag)
-        .then(|| std::env::var("REDIS_URL").ok())
-        .flatten();
+    // variables before REDIS_URL); with a flag naming the kind, that
+    // kind's variable, else REDIS_URL, lists the nodes.
+    let kind_var = if cli.cluster {
+        Some("LOCK_REDIS_CLUSTER")
+    } else if cli.redlock {
+        Some("LOCK_REDIS_REDLOCK")
+    } else {
+        cli.sentinel.as_ref().map(|_| "LOCK_REDIS_SENTINELS")
+    };
+    let from_env = kind_var.filter(|_| cli.url.is_none()).and_then(|var| {
+        [var, "REDIS_URL"]
+            .into_iter()
+            .find_map(|v| std::env::var(v).ok().filter(|u| !u.trim().is_empty()))
+    });
     let urls: Vec<&str> = cli
         .url
         .as_deref()
@@ -225,7 +234,12 @@ async fn connect(cli: &Cli) -> Result<LockClient, String> {
         .collect();
     let connected = match (urls.as_slice(), &cli.sentinel) {
         ([], None) if !cli.cluster && !cli.redlock => builder.from_env().await,
-        ([], _) => return Err("no Redis URL: give --url or set REDIS_URL".into()),
+        ([], _) => {
+            return Err(format!(
+                "no Redis URL: give --url or set {} or REDIS_URL",
+                kind_var.unwrap_or("LOCK_REDIS_URL")
+            ))
+        }
         (urls, Some(master)) => builder.sentinel(urls, master).await,
         (urls, None) if cli.cluster => builder.cluster(urls).await,
         (urls, None) if cli.redlock => builder.redlock(urls).await,

@@ -466,6 +466,33 @@ async fn without_url_lockctl_reads_the_environment_as_the_library_does() {
     guard.release().await.unwrap();
 }
 
+/// With `--redlock` (likewise `--cluster`, `--sentinel`) and no `--url`,
+/// the nodes come from the library's variable for that kind
+/// (`LOCK_REDIS_REDLOCK`) before `REDIS_URL`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kind_flag_without_url_reads_that_kinds_variable_first() {
+    let general = RedisServer::start();
+    let nodes = [
+        RedisServer::start(),
+        RedisServer::start(),
+        RedisServer::start(),
+    ];
+    let urls: Vec<String> = nodes.iter().map(RedisServer::url).collect();
+    let service = LockClient::redlock(&urls).await.unwrap();
+    let key = unique("cli-redlock-env");
+    let guard = service.lock(&key).await.unwrap();
+    let joined = urls.join(",");
+    let vars = [("REDIS_URL", general.url()), ("LOCK_REDIS_REDLOCK", joined)];
+    let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let run = lockctl_with(&vars, &["--redlock", "--json", "show", &key]).await;
+    assert_eq!(run.code, 0, "lockctl looked elsewhere: {run:?}");
+    assert_eq!(strings(&run.one()["holders"]), [guard.holder()]);
+    // REDIS_URL alone still names the nodes.
+    let run = lockctl_with(&vars[..1], &["--redlock", "show", &key]).await;
+    assert_eq!(run.code, 1, "{run:?}");
+    guard.release().await.unwrap();
+}
+
 /// A semaphore: `show` and `list` give its mode, its size and every permit
 /// holder; `release --force --holder` frees that permit only (the waiter
 /// gets it), `release --force` every permit.
