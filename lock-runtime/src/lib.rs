@@ -175,8 +175,9 @@
 //! `close` after the graceful shutdown.
 //!
 //! # Tracing
-//! Every request runs in a `lock.acquire` span (`key`, `lock`, `wait_ms`,
-//! then `outcome` and `fence`), and a body under [`LockRequest::run`] (the
+//! Every request runs in a `lock.acquire` span (`key`, `lock` the template,
+//! `mode` (`write`, `read` or `semaphore`), `wait_ms` the wait it has (its
+//! own, else the client's), then `outcome` and `fence`), and a body under [`LockRequest::run`] (the
 //! attribute) in a `lock.hold` span: a slow request's trace shows the time
 //! it waited for its lock and the time it held it. Both are DEBUG while
 //! nothing notable happens; once a request starts to wait, or a hold is

@@ -327,7 +327,9 @@ impl LockRequest {
     /// its argument and inside the span's, and every lock builds it on the
     /// stack and moves it into its box.
     fn acquire(self) -> impl Future<Output = Result<LockGuard, LockError>> + Send {
-        let phases = spans::acquire(&self.key, self.label, self.mode.label(), self.wait);
+        // The wait it has: its own, else the client's.
+        let wait = self.wait.unwrap_or(self.client.inner.config.wait);
+        let phases = spans::acquire(&self.key, self.label, self.mode.label(), wait);
         spans::acquiring(phases, self.acquire_counted())
     }
 

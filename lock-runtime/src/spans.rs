@@ -21,8 +21,9 @@ use tracing::Span;
 pub(crate) struct Phases {
     first: Span,
     then: Option<Span>,
-    /// The request's mode (`key::Mode::label`), for the INFO span.
+    /// The request's mode (`key::Mode::label`) and wait, for the INFO span.
     mode: &'static str,
+    wait: Duration,
 }
 
 impl Phases {
@@ -31,6 +32,7 @@ impl Phases {
             first,
             then: None,
             mode: "",
+            wait: Duration::ZERO,
         }
     }
 
@@ -57,32 +59,27 @@ impl Phases {
 }
 
 /// The `lock.acquire` span of a request, at DEBUG.
-pub(crate) fn acquire(
-    key: &str,
-    lock: &'static str,
-    mode: &'static str,
-    wait: Option<Duration>,
-) -> Phases {
+pub(crate) fn acquire(key: &str, lock: &'static str, mode: &'static str, wait: Duration) -> Phases {
     let mut phases = Phases::new(tracing::debug_span!(
         "lock.acquire",
         key = %key,
         lock = %lock,
         mode = mode,
-        wait_ms = wait.map(|w| w.as_millis() as u64),
+        wait_ms = wait.as_millis() as u64,
         outcome = Empty,
         fence = Empty,
     ));
-    phases.mode = mode;
+    (phases.mode, phases.wait) = (mode, wait);
     phases
 }
 
-fn acquire_info(key: &str, lock: &'static str, mode: &'static str, wait: Option<Duration>) -> Span {
+fn acquire_info(key: &str, lock: &'static str, mode: &'static str, wait: Duration) -> Span {
     tracing::info_span!(
         "lock.acquire",
         key = %key,
         lock = %lock,
         mode = mode,
-        wait_ms = wait.map(|w| w.as_millis() as u64),
+        wait_ms = wait.as_millis() as u64,
         outcome = Empty,
         fence = Empty,
     )
@@ -104,7 +101,7 @@ pub(crate) fn waiting(key: &str, lock: &'static str, wait: Duration) {
     let _ = ACQUIRE.try_with(|p| {
         let mut p = p.borrow_mut();
         let mode = p.mode;
-        p.promote(|| acquire_info(key, lock, mode, Some(wait)))
+        p.promote(|| acquire_info(key, lock, mode, wait))
     });
 }
 
@@ -120,8 +117,8 @@ pub(crate) fn acquired(
     let _ = ACQUIRE.try_with(|p| {
         let mut p = p.borrow_mut();
         if notable {
-            let mode = p.mode;
-            p.promote(|| acquire_info(key, lock, mode, None));
+            let (mode, wait) = (p.mode, p.wait);
+            p.promote(|| acquire_info(key, lock, mode, wait));
         }
         p.record("outcome", outcome);
         if let Some(fence) = fence {

@@ -215,6 +215,15 @@ async fn a_request_has_an_acquire_span_and_the_body_runs_in_a_hold_span() {
         acquire.1.get("outcome").map(String::as_str),
         Some("acquired")
     );
+    assert_eq!(acquire.1.get("mode").map(String::as_str), Some("write"));
+    // The wait the request has, the client's default here (5 s), also
+    // when it never waits.
+    assert_eq!(
+        acquire.1.get("wait_ms").map(String::as_str),
+        Some("5000"),
+        "{:?}",
+        acquire.1
+    );
     let fence: u64 = acquire.1["fence"].parse().expect("fence recorded");
     let hold = s
         .spans
