@@ -65,7 +65,7 @@ pub struct Defects {
     /// `release_permit.lua` without its fix ([`GIVE_UP_FIX`]): a waiter
     /// that gives up leaves the queue and serves nobody, though at its
     /// head it held back waiters of a larger N (strict FIFO) that the free
-    /// permits admit.
+    /// permits admit, and behind it free permits may wait for a waiter.
     pub release_permit_before_fix: bool,
     /// Not a defect the scripts ever had, a canary: `permit.lua` admitting
     /// a request while as many as its N hold ([`ONE_TOO_MANY`]), so that
@@ -150,11 +150,12 @@ pub const KEEP_PERMIT_FIX: [(&str, &str); 1] = [(
 ), ];
 
 /// `release_permit.lua`'s fix as it stands, with what it replaced: a waiter
-/// that gives up at the queue's head goes on to serve the queue. The
-/// switch puts the early return back.
+/// that gives up goes on to serve the queue (first only at the head, now
+/// from anywhere in it). The switch puts the early return back for every
+/// leaver.
 pub const GIVE_UP_FIX: [(&str, &str); 1] = [(
-    "  if head ~= owner then\n    return 0\n  end\n",
-    "  return 0\n",
+    "  redis.call('lrem', queue, 1, owner)\nend\n",
+    "  redis.call('lrem', queue, 1, owner)\n  return 0\nend\n",
 )];
 
 /// `permit.lua`'s admission, and the canary's (`Defects::permit_admits_one_more`).

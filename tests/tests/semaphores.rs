@@ -1091,6 +1091,49 @@ async fn serving_stopped_at_its_bound_says_ask_again_at_once() {
     assert_eq!(permit(&server, &key, "c5:s2.1", 30_000, "")[0], 1);
 }
 
+/// A waiter that gives up from behind the head serves the queue as a
+/// release does: here the head's stay has passed and a permit is free for
+/// the live waiter behind it, which gets it from the leaver's call, not at
+/// its own next ask (30 s away), as on the in-memory backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_leaving_from_behind_the_head_serves_those_behind_it() {
+    let server = RedisServer::start();
+    let key = unique("sem-leaver");
+    let queue = format!("lock:{{{key}}}:queue");
+    // Two of three permits held; the head wants two of two (blocked) and
+    // stays one second.
+    assert_eq!(permit(&server, &key, "h:s3.1", 60_000, "")[0], 1);
+    assert_eq!(permit(&server, &key, "h:s3.2", 60_000, "")[0], 1);
+    assert_eq!(permit(&server, &key, "d:s2.1", 60_000, "1000")[0], 0);
+    let slow = builder()
+        .retry_delay(Duration::from_secs(30))
+        .connect(&server.url())
+        .await
+        .unwrap();
+    let waiter = {
+        let key = key.clone();
+        tokio::spawn(async move { slow.semaphore(&key, 3).wait(Duration::from_secs(20)).await })
+    };
+    assert!(
+        eventually(Duration::from_secs(5), || server
+            .cmd::<i64>(&["LLEN", &queue])
+            == 2)
+        .await
+    );
+    assert_eq!(permit(&server, &key, "x:s3.1", 60_000, "60000")[0], 0);
+    // The head's stay passes (time is the subject here).
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    assert_eq!(release_permit(&server, &key, "x:s3.1"), 0);
+    let t = Instant::now();
+    let g = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter behind the dead head was not served")
+        .unwrap()
+        .expect("a permit");
+    assert!(t.elapsed() < Duration::from_secs(10));
+    g.release().await.unwrap();
+}
+
 /// A counter that is no integer: serving stops before the head leaves the
 /// queue (it keeps its place), and the asker hears the error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
