@@ -136,8 +136,9 @@ impl<I: Moment> Acquiring<I> {
     pub fn attempt(&mut self, now: I, t: &Timing) -> Outgoing<I> {
         let left = self.deadline.since(now);
         let out = Outgoing {
+            // The longest nap (below) and a round trip or two.
             stay: (!left.is_zero())
-                .then(|| left.min(t.retry_delay) + t.retry_jitter + 2 * t.op_timeout),
+                .then(|| left.min(t.retry_delay * 3 / 2) + t.retry_jitter + 2 * t.op_timeout),
             rejoin: self.queued_once,
             by: (!self.seen_busy).then_some(if self.reached {
                 self.attempt_end
@@ -271,7 +272,12 @@ impl<I: Moment> Acquiring<I> {
     /// How long to wait for a grant or a release before asking again: the
     /// holder's remaining `ttl` (else the lease), at most the retry delay,
     /// plus `jitter` in [0, 1) of the retry jitter; never past the
-    /// deadline.
+    /// deadline. A queued request spreads its ask over up to half as long
+    /// again: a release hands it over, so its own ask is the fallback (a
+    /// lease that ran out, a grant lost), and every waiter of a long queue
+    /// was told the same `ttl`, so that unspread they would all ask at that
+    /// one moment, each ask reading the queue. (Its queue entry outlasts
+    /// the longest nap: see `attempt`'s `stay`.)
     pub fn nap(
         &self,
         ttl: Option<Duration>,
@@ -280,8 +286,13 @@ impl<I: Moment> Acquiring<I> {
         jitter: f64,
         t: &Timing,
     ) -> Duration {
-        (ttl.unwrap_or(lease).min(t.retry_delay) + t.retry_jitter.mul_f64(jitter))
-            .min(self.deadline.since(now))
+        let base = ttl.unwrap_or(lease).min(t.retry_delay);
+        let spread = if self.queued_at.is_some() {
+            t.retry_jitter.max(base / 2)
+        } else {
+            t.retry_jitter
+        };
+        (base + spread.mul_f64(jitter)).min(self.deadline.since(now))
     }
 
     /// A hand-off grant stamped `at` reached this request; `confirming`:
@@ -331,7 +342,7 @@ mod tests {
     fn a_busy_queued_answer_keeps_the_request_pending_and_ends_as_timeout() {
         let mut a = Acquiring::new(Ms(0), Ms(3_000), T.op_timeout);
         let out = a.attempt(Ms(100), &T);
-        assert_eq!(out.stay, Some(Duration::from_millis(1000 + 50 + 4000)));
+        assert_eq!(out.stay, Some(Duration::from_millis(1500 + 50 + 4000)));
         assert!(!out.rejoin);
         assert_eq!(a.busy(Some(Queued::At(7)), Ms(120)), AfterBusy::Listen);
         assert!(a.pending, "a queued owner must leave the queue if it ends");
@@ -347,6 +358,30 @@ mod tests {
         // Taken directly after queuing: the claim settles.
         assert!(a.held(true));
         assert!(!a.pending);
+    }
+
+    #[test]
+    fn queued_requests_spread_their_asks_within_their_stay() {
+        let mut a = Acquiring::new(Ms(0), Ms(60_000), T.op_timeout);
+        let stay = a.attempt(Ms(0), &T).stay.unwrap();
+        let ttl = Some(Duration::from_secs(20));
+        let lease = Duration::from_secs(30);
+        // Not queued: the retry delay, and the retry jitter at most.
+        a.busy(None, Ms(5));
+        assert_eq!(a.nap(ttl, lease, Ms(5), 0.0, &T), T.retry_delay);
+        assert!(a.nap(ttl, lease, Ms(5), 0.999, &T) <= T.retry_delay + T.retry_jitter);
+        // Queued: over half as long again, and still within its stay.
+        a.busy(Some(Queued::At(7)), Ms(10));
+        let (first, last) = (
+            a.nap(ttl, lease, Ms(10), 0.0, &T),
+            a.nap(ttl, lease, Ms(10), 0.999, &T),
+        );
+        assert_eq!(first, T.retry_delay);
+        assert!(last >= T.retry_delay * 14 / 10, "{last:?}");
+        assert!(last + T.op_timeout < stay, "{last:?} {stay:?}");
+        // A short ttl: spread over half of it.
+        let short = Some(Duration::from_millis(200));
+        assert!(a.nap(short, lease, Ms(10), 0.999, &T) >= Duration::from_millis(290));
     }
 
     #[test]
