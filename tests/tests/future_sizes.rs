@@ -36,7 +36,13 @@ async fn permits(id: u64) -> Result<u64, LockError> {
     Ok(id)
 }
 
-#[distributed_lock(key = "job:{id}", on_busy = "skip", fence = false, lease = "5s", max_hold = "1m")]
+#[distributed_lock(
+    key = "job:{id}",
+    on_busy = "skip",
+    fence = false,
+    lease = "5s",
+    max_hold = "1m"
+)]
 async fn skip(id: u64) -> Result<u64, LockError> {
     Ok(id)
 }
@@ -119,6 +125,7 @@ fn a_trivial_annotated_future_is_small_in_every_mode() {
             size_of_val(&from_state(State { locks: client }, 1)),
         ),
     ];
+    println!("annotated, trivial body: {sizes:?}");
     for (mode, size) in sizes {
         assert!(
             size <= 4 * KIB,
@@ -134,6 +141,7 @@ fn an_annotated_future_is_its_body_plus_a_bounded_amount() {
     let url = "redis://127.0.0.1:1";
     let body = size_of_val(&connect_and_lock_body(url));
     let annotated = size_of_val(&connect_and_lock(1, url));
+    println!("connect + lock: body {body} bytes, annotated {annotated}");
     assert!(
         annotated <= body + 4 * KIB,
         "annotated {annotated} bytes, its body alone {body}"
@@ -149,6 +157,7 @@ fn nested_annotated_futures_grow_by_a_bounded_amount_per_level() {
         size_of_val(&nested_2(1)),
         size_of_val(&nested_3(1)),
     ];
+    println!("1 to 4 levels: {levels:?}");
     assert!(levels[3] <= 16 * KIB, "1 to 4 levels: {levels:?}");
     for pair in levels.windows(2) {
         assert!(pair[1] <= pair[0] + 4 * KIB, "1 to 4 levels: {levels:?}");
@@ -163,9 +172,18 @@ fn request_futures_by_hand_are_bounded() {
     let client = LockClient::memory();
     let sizes = [
         ("lock", size_of_val(&client.lock("k").into_future())),
-        ("read_lock", size_of_val(&client.read_lock("k").into_future())),
-        ("semaphore", size_of_val(&client.semaphore("k", 3).into_future())),
-        ("lock_all", size_of_val(&client.lock_all(["a", "b"]).into_future())),
+        (
+            "read_lock",
+            size_of_val(&client.read_lock("k").into_future()),
+        ),
+        (
+            "semaphore",
+            size_of_val(&client.semaphore("k", 3).into_future()),
+        ),
+        (
+            "lock_all",
+            size_of_val(&client.lock_all(["a", "b"]).into_future()),
+        ),
         ("try_acquire", size_of_val(&client.lock("k").try_acquire())),
         (
             "semaphore try_acquire",
@@ -181,13 +199,18 @@ fn request_futures_by_hand_are_bounded() {
             size_of_val(&client.semaphore("k", 3).run_or_skip(async {})),
         ),
     ];
+    println!("by hand: {sizes:?}");
     for (what, size) in sizes {
         assert!(size <= 4 * KIB, "{what}: {size} bytes; all: {sizes:?}");
     }
     let url = "redis://127.0.0.1:1";
     let body = size_of_val(&connect_and_lock_body(url));
     let run = size_of_val(&client.lock("k").run(connect_and_lock_body(url)));
-    assert!(run <= body + 4 * KIB, "run {run} bytes, its body alone {body}");
+    println!("run by hand: body {body} bytes, run {run}");
+    assert!(
+        run <= body + 4 * KIB,
+        "run {run} bytes, its body alone {body}"
+    );
 }
 
 /// The handler above, spawned on a runtime whose workers have 512 KiB
@@ -208,7 +231,9 @@ fn a_handler_that_connects_and_locks_runs_on_a_512_kib_stack() {
                 locks: LockClient::connect(&server.url()).await?,
                 url: server.url(),
             };
-            tokio::spawn(handler(app, 7)).await.expect("the handler's task")
+            tokio::spawn(handler(app, 7))
+                .await
+                .expect("the handler's task")
         })
         .expect("the handler");
     assert!(outer > 0 && inner > 0, "tokens {outer}, {inner}");
