@@ -167,29 +167,34 @@ pub(crate) fn expand(args: Args, func: ItemFn) -> syn::Result<TokenStream> {
     // Glue code carries the return type's span: a wrong error type is
     // reported once, there. The body is typed as the fn's return type (so
     // `?` in it converts into that error type) and runs only under the
-    // lock, through the public `LockRequest::run`.
+    // lock, through `LockRequest::run` of a body pinned in this fn's
+    // future (`__private::run`: no box).
     let body = quote_spanned! {ret.span()=>
         let #key_var = #key_value;
         let #fail = <#ret_ty as #krate::__private::LockResult>::from_lock_error;
         let #client = #client_source;
         // (A body that always diverges, `panic!` say, is no warning here.)
+        // Pinned in this fn's future: the runtime's layers pass a pointer
+        // to it down, so the body is in this future once.
         #[allow(unreachable_code, clippy::diverging_sub_expression)]
-        let #body_var = async move {
+        let #body_var = ::core::pin::pin!(async move {
             let #out: #ret_ty = #block;
             #out
-        };
+        });
         match #client {
-            ::core::result::Result::Ok(#client) => match #client
-                .#lock_method(#key_var #permits)
-                .name(#template_name)
-                .on_lost(#on_lost)
-                #lease
-                #wait
-                #min_hold
-                #max_hold
-                #fence
-                .#run(#body_var)
-                .await
+            ::core::result::Result::Ok(#client) => match #krate::__private::#run(
+                #client
+                    .#lock_method(#key_var #permits)
+                    .name(#template_name)
+                    .on_lost(#on_lost)
+                    #lease
+                    #wait
+                    #min_hold
+                    #max_hold
+                    #fence,
+                #body_var,
+            )
+            .await
             {
                 #outcome
                 ::core::result::Result::Err(#err) => #fail(#err),

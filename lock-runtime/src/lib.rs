@@ -281,8 +281,10 @@ pub use scope::{current_fence, current_fences};
 
 /// The README's Rust blocks, compiled (and, where they need no Redis, run)
 /// as doctests, so that what a new user copies cannot drift from the API.
+/// (`lock-runtime/README.md` links to the workspace's; the package holds
+/// the file there, so the path is the same in both.)
 #[cfg(doctest)]
-#[doc = include_str!("../../README.md")]
+#[doc = include_str!("../README.md")]
 mod readme_doctests {}
 
 #[cfg(test)]
@@ -292,7 +294,7 @@ mod readme {
     #[test]
     fn the_readme_lists_the_features_of_cargo_toml() {
         let generated = document_features::document_features!();
-        let readme = include_str!("../../README.md");
+        let readme = include_str!("../README.md");
         assert!(
             readme.contains(generated),
             "README.md's feature list differs from Cargo.toml's; paste this under \"Cargo features\":\n{generated}"

@@ -7,6 +7,28 @@ pub use std::time::Duration;
 
 pub use crate::run::{LockResult, SkipResult};
 
+use std::future::Future;
+use std::pin::Pin;
+
+use crate::{LockError, LockRequest};
+
+/// [`LockRequest::run`] of a body the expansion pinned in the annotated
+/// fn's own future: the body is there once, and nothing is boxed.
+pub fn run<'a, F: Future + ?Sized>(
+    request: LockRequest,
+    body: Pin<&'a mut F>,
+) -> impl Future<Output = Result<F::Output, LockError>> + 'a {
+    request.run_pinned(body)
+}
+
+/// [`LockRequest::run_or_skip`] of a body pinned as for [`run`].
+pub fn run_or_skip<'a, F: Future + ?Sized>(
+    request: LockRequest,
+    body: Pin<&'a mut F>,
+) -> impl Future<Output = Result<Option<F::Output>, LockError>> + 'a {
+    request.run_or_skip_pinned(body)
+}
+
 /// What `client = <expr>` may name: a client, or a reference to one.
 #[diagnostic::on_unimplemented(
     message = "`client = ...` must be a `LockClient` or a `&LockClient`, not `{Self}`",

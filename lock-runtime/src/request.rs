@@ -313,7 +313,9 @@ impl LockRequest {
     /// `wait` is for requests that queue).
     pub async fn try_acquire(mut self) -> Result<Option<LockGuard>, LockError> {
         self.wait.get_or_insert(Duration::ZERO);
-        match self.acquire().await {
+        // Boxed, as `.await` on the request is: inline it made this
+        // future 6 KB.
+        match self.into_future().await {
             Ok(guard) => Ok(Some(guard)),
             Err(LockError::Timeout { .. }) => Ok(None),
             Err(e) => Err(e),

@@ -2,6 +2,7 @@
 //! the same by hand.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 use crate::on_lost::OnLost;
@@ -39,6 +40,20 @@ impl LockRequest {
     /// # Ok(()) }
     /// ```
     pub async fn run<F: Future>(self, body: F) -> Result<F::Output, LockError> {
+        // Boxed once here, and a pointer to it passed down: pinned on the
+        // stack, the body would be in this future twice (argument and
+        // pinned copy). An annotated fn pins its body in its own future
+        // instead, and calls `run_pinned` (no box).
+        let mut body = Box::pin(body);
+        self.run_pinned(body.as_mut()).await
+    }
+
+    /// [`run`](LockRequest::run) of a body pinned by the caller: the
+    /// layers below hold a pointer to it, not the body.
+    pub(crate) async fn run_pinned<F: Future + ?Sized>(
+        self,
+        body: Pin<&mut F>,
+    ) -> Result<F::Output, LockError> {
         if scope::current().is_some() {
             self.run_in_scope(body).await
         } else {
@@ -62,16 +77,29 @@ impl LockRequest {
     /// held.release().await?;
     /// # Ok(()) }
     /// ```
-    pub async fn run_or_skip<F: Future>(mut self, body: F) -> Result<Option<F::Output>, LockError> {
+    pub async fn run_or_skip<F: Future>(self, body: F) -> Result<Option<F::Output>, LockError> {
+        let mut body = Box::pin(body);
+        self.run_or_skip_pinned(body.as_mut()).await
+    }
+
+    /// [`run_or_skip`](LockRequest::run_or_skip) of a body pinned by the
+    /// caller.
+    pub(crate) async fn run_or_skip_pinned<F: Future + ?Sized>(
+        mut self,
+        body: Pin<&mut F>,
+    ) -> Result<Option<F::Output>, LockError> {
         self.wait.get_or_insert(Duration::ZERO);
-        match self.run(body).await {
+        match self.run_pinned(body).await {
             Ok(out) => Ok(Some(out)),
             Err(LockError::Timeout { .. }) => Ok(None),
             Err(e) => Err(e),
         }
     }
 
-    async fn run_in_scope<F: Future>(self, body: F) -> Result<F::Output, LockError> {
+    async fn run_in_scope<F: Future + ?Sized>(
+        self,
+        body: Pin<&mut F>,
+    ) -> Result<F::Output, LockError> {
         let on_lost = self.on_lost;
         let mut guard = self.await?;
         // A permit's own body is the only place that re-enters it.

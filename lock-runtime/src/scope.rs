@@ -249,20 +249,26 @@ pub(crate) fn current() -> Option<Arc<Scope>> {
     SCOPE.try_with(Arc::clone).ok()
 }
 
+// (Plain fns: an `async fn` would hold `fut` twice, as its argument and
+// inside the task-local's future.)
+
 /// Run `fut` as a new holder.
-pub(crate) async fn enter<F: Future>(fut: F) -> F::Output {
-    SCOPE.scope(Arc::default(), fut).await
+pub(crate) fn enter<F: Future>(fut: F) -> impl Future<Output = F::Output> {
+    SCOPE.scope(Arc::default(), fut)
 }
 
 /// Run `fut` in `scope` (a permit's body scope).
-pub(crate) async fn within<F: Future>(scope: Arc<Scope>, fut: F) -> F::Output {
-    SCOPE.scope(scope, fut).await
+pub(crate) fn within<F: Future>(scope: Arc<Scope>, fut: F) -> impl Future<Output = F::Output> {
+    SCOPE.scope(scope, fut)
 }
 
 /// Run an annotated body: `current_fence()` and `current_fences()` inside
 /// it are its keys' tokens.
-pub(crate) async fn with_fences<F: Future>(fences: BodyFences, body: F) -> F::Output {
-    BODY.scope(fences, body).await
+pub(crate) fn with_fences<F: Future>(
+    fences: BodyFences,
+    body: F,
+) -> impl Future<Output = F::Output> {
+    BODY.scope(fences, body)
 }
 
 /// The fencing token of the annotated body this code runs in (the innermost

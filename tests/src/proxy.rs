@@ -239,9 +239,11 @@ pub struct Proxy {
 }
 
 impl Proxy {
-    /// Forward a free local port to `127.0.0.1:upstream`, in [`Mode::Pass`].
+    /// Forward a free local port (from the lane's range, see
+    /// [`free_port`](crate::free_port)) to `127.0.0.1:upstream`, in
+    /// [`Mode::Pass`].
     pub fn start(upstream: u16) -> Proxy {
-        let listener = StdListener::bind("127.0.0.1:0").expect("proxy: bind");
+        let listener = StdListener::bind(("127.0.0.1", crate::free_port())).expect("proxy: bind");
         listener.set_nonblocking(true).expect("proxy: nonblocking");
         let port = listener.local_addr().expect("proxy: addr").port();
         let shared = Arc::new(Shared {
@@ -773,7 +775,7 @@ mod tests {
 
     /// An echo server on a free port.
     fn echo() -> u16 {
-        let l = StdListener::bind("127.0.0.1:0").unwrap();
+        let l = StdListener::bind(("127.0.0.1", crate::free_port())).unwrap();
         let port = l.local_addr().unwrap().port();
         std::thread::spawn(move || {
             for s in l.incoming() {
@@ -820,6 +822,21 @@ mod tests {
             roundtrip(&mut other, b"asks").is_err(),
             "an open connection still reached the server"
         );
+    }
+
+    /// The proxy and the echo server take their ports from the lane's
+    /// range (`LOCK_TEST_PORTS`, else below the ephemeral range), as every
+    /// server a test starts does, not from the kernel's ephemeral ports.
+    #[test]
+    fn ports_come_from_the_lane_s_range() {
+        let Some((lo, hi)) = crate::server_ports() else {
+            return;
+        };
+        let upstream = echo();
+        let p = Proxy::start(upstream);
+        for port in [upstream, p.port()] {
+            assert!((lo..hi).contains(&port), "port {port} outside {lo}..{hi}");
+        }
     }
 
     #[test]

@@ -76,7 +76,9 @@ async fn handlers_lock_with_the_client_from_their_state() {
         .route("/pay/{id}", post(pay))
         .route("/unscoped/{id}", post(pay_without_client))
         .with_state(app.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", tests::free_port()))
+        .await
+        .unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, router).await });
 
