@@ -430,3 +430,91 @@ async fn unreachable_sentinels_are_a_backend_error_within_five_seconds() {
         .unwrap_err();
     assert!(matches!(err, LockError::Config(_)), "{err:?}");
 }
+
+/// A planned failover (`SENTINEL FAILOVER`) under load: 9 tasks of one
+/// client loop on 3 keys (a fenced lock, an unfenced one, a semaphore of
+/// 2), each call with a 10 s wait. The old primary keeps answering as a
+/// primary for a while after the replica is promoted, then is turned into
+/// a replica of the new one (its clients cut). No call with wait left may
+/// fail, and nothing may be left held once every task is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_planned_failover_strands_nothing_and_fails_no_call() {
+    tests::init_tracing();
+    let primary = RedisServer::start();
+    let replica = start_replica(primary.port());
+    wait_replicas_online(&primary, 1, Duration::from_secs(10));
+    let sentinels = Sentinels::start(3, MASTER, &primary, Timing::default());
+    sentinels.wait_ready(1, Duration::from_secs(20));
+    let client = LockClient::sentinel(sentinels.urls(), MASTER)
+        .await
+        .unwrap();
+    let keys = [unique("fenced"), unique("unfenced"), unique("sem")];
+    let started = Instant::now();
+    let run_for = Duration::from_secs(12);
+    let tasks: Vec<_> = (0..9)
+        .map(|i| {
+            let (client, key) = (client.clone(), keys[i % 3].clone());
+            tokio::spawn(async move {
+                let (mut ok, mut failed, mut lost) = (0u32, Vec::new(), 0u32);
+                while started.elapsed() < run_for {
+                    let request = match i % 3 {
+                        0 => client.lock(&key),
+                        1 => client.lock(&key).fence(false),
+                        _ => client.semaphore(&key, 2),
+                    };
+                    let asked = Instant::now();
+                    match request.wait(Duration::from_secs(10)).await {
+                        Ok(g) => {
+                            ok += 1;
+                            // Taken on the old primary after the promotion:
+                            // gone on the new one, and said so.
+                            if g.release().await.is_err() {
+                                lost += 1;
+                            }
+                        }
+                        Err(e) => failed.push(format!(
+                            "{key} at {:?} after {:?}: {e}",
+                            asked.duration_since(started),
+                            asked.elapsed()
+                        )),
+                    }
+                }
+                (ok, failed, lost)
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let old = primary.port();
+    let asked = sentinels.sentinels[0].try_cmd::<String>(&["SENTINEL", "FAILOVER", MASTER]);
+    assert!(asked.is_ok(), "{asked:?}");
+    let failed_over = Instant::now();
+    assert_eq!(
+        sentinels.wait_failover(old, Duration::from_secs(15)),
+        replica.port()
+    );
+    let promoted = failed_over.elapsed();
+    let (mut ok, mut failed, mut lost) = (0, Vec::new(), 0);
+    for t in tasks {
+        let (o, f, l) = t.await.unwrap();
+        ok += o;
+        failed.extend(f);
+        lost += l;
+    }
+    let mut held = Vec::new();
+    for k in &keys {
+        if let Some(info) = client.inspect(k).await.unwrap() {
+            held.push(format!("{k}: {:?} ttl {:?}", info.holders, info.ttl));
+        }
+    }
+    println!(
+        "planned failover (sentinels switched after {promoted:?}): {ok} locks taken, \
+         {lost} found lost at release, {} calls failed, {} keys left held",
+        failed.len(),
+        held.len()
+    );
+    assert!(
+        failed.is_empty() && held.is_empty(),
+        "calls failed: {failed:#?}\nleft held after the run: {held:#?}"
+    );
+    assert!(ok > 0);
+}

@@ -13,7 +13,14 @@
 //! and each renewal tick ends with a `WAIT` in its pipeline: a renewal moves
 //! the holder's deadline only once `k` replicas have it, so a promoted
 //! replica never lets the lock go before its holder counts it gone.
+//!
+//! What the client ended on an old primary after its replica was promoted
+//! (a planned failover leaves it answering for seconds) is sent again to
+//! the new one once the client follows (`sentinel/journal.rs`).
 
+mod journal;
+
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -27,10 +34,15 @@ use super::pubsub::Subscriber;
 use super::{Acquired, Queue, Released, Renewal, Renewed, Seen};
 use crate::key::LockName;
 use crate::wakeups::Waiter;
+use journal::{Ended, Entry, Journal};
 
 /// How often the sentinels are asked whether the primary moved, even when
 /// nothing failed: a restarted old primary may answer before it is demoted.
 const REFRESH: Duration = Duration::from_secs(1);
+
+/// Releases sent side by side when a new primary is told what was ended
+/// on the old one.
+const REPLAY_AT_ONCE: usize = 32;
 
 /// The primary as last discovered.
 struct Primary {
@@ -43,6 +55,8 @@ struct Primary {
     /// of their own too, so that nothing else waits behind a tick.
     renew_node: Option<RedisNode>,
     subscriber: Subscriber,
+    /// What the client ended here lately (see `sentinel/journal.rs`).
+    journal: Journal,
 }
 
 struct Shared {
@@ -54,6 +68,9 @@ struct Shared {
     current: Mutex<Arc<Primary>>,
     /// One discovery at a time; the time of the last one.
     discovery: tokio::sync::Mutex<Instant>,
+    /// The longest lease or queue stay asked for, in ms: how long a copy
+    /// of a hold or a queue entry may outlive its last write.
+    longest_ms: AtomicU64,
 }
 
 pub(crate) struct SentinelBackend {
@@ -93,6 +110,7 @@ impl SentinelBackend {
             io: io.clone(),
             current: Mutex::new(Arc::new(primary)),
             discovery: tokio::sync::Mutex::new(Instant::now()),
+            longest_ms: AtomicU64::new(0),
         });
         io.spawn(refresh(Arc::downgrade(&shared)));
         Ok(SentinelBackend { shared })
@@ -200,6 +218,7 @@ async fn open_primary(
         node,
         acks_node,
         renew_node,
+        journal: Journal::default(),
     })
 }
 
@@ -232,6 +251,26 @@ fn may_have_moved(e: &Fault) -> bool {
 impl Shared {
     fn current(&self) -> Arc<Primary> {
         self.current.lock().unwrap().clone()
+    }
+
+    /// A lease or queue stay of `d` was asked for.
+    fn asked_for(&self, d: Duration) {
+        let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        self.longest_ms.fetch_max(ms, Ordering::Relaxed);
+    }
+
+    /// How long what was ended on a primary is kept for a new one.
+    fn keep_for(&self) -> Duration {
+        Duration::from_millis(self.longest_ms.load(Ordering::Relaxed))
+    }
+
+    /// `owner`'s hold or queue entry of `name` was ended on `on`: noted
+    /// there, or, if the client left `on` meanwhile, ended on the current
+    /// primary too.
+    async fn ended(&self, on: &Arc<Primary>, name: &LockName, owner: &Arc<str>, how: Ended) {
+        if !on.journal.note(name, owner, how, self.keep_for()) {
+            let _ = end_on(&self.current(), name, owner, how).await;
+        }
     }
 
     /// Ask the sentinels again; switch if the primary moved. `failed` is
@@ -267,6 +306,12 @@ impl Shared {
         );
         tracing::warn!(from = %now.addr, to = %addr, master = %self.master, "Sentinel failover: following the new primary");
         *self.current.lock().unwrap() = primary.clone();
+        // Ended on the old primary, maybe after the promotion: the new one
+        // may still have it (see `sentinel/journal.rs`).
+        let ended = now.journal.leave(self.keep_for());
+        if !ended.is_empty() {
+            self.io.spawn(replay(primary.clone(), ended));
+        }
         // Waiters listening on the old primary would hear nothing more:
         // wake them to subscribe again on the new one.
         now.subscriber.retire();
@@ -318,10 +363,11 @@ impl Shared {
     async fn acquire(
         &self,
         name: &LockName,
-        owner: &str,
+        owner: &Arc<str>,
         lease: Duration,
         queue: Queue,
     ) -> Result<Acquired, Fault> {
+        self.asked_for(lease.max(queue.stay.unwrap_or_default()));
         self.on_primary_by(queue.by, |p| async move {
             let Some((replicas, wait)) = self.acks else {
                 return p.node.acquire(name, owner, lease, None, queue).await;
@@ -341,6 +387,7 @@ impl Shared {
                 Ok(n) if n >= replicas as i64 => Ok(out),
                 other => {
                     let _ = p.node.release(name, owner, Wake::IfReleased).await;
+                    self.ended(&p, name, owner, Ended::Released).await;
                     let got = match other {
                         Ok(n) => format!("only {n} confirmed within {wait:?}"),
                         Err(e) => format!("WAIT failed: {e}"),
@@ -374,8 +421,13 @@ impl SentinelBackend {
     ) -> Result<Released, Fault> {
         let (first, started) = (self.shared.current(), Instant::now());
         let out = first.node.release(name, owner, Wake::IfReleased).await;
-        self.release_on_new_primary(&first, started, name, owner, out)
-            .await
+        let out = self
+            .release_on_new_primary(&first, started, name, owner, out)
+            .await;
+        self.shared
+            .ended(&first, name, owner, Ended::Released)
+            .await;
+        out
     }
 
     /// A release that failed as if the primary moved is sent again to the
@@ -410,7 +462,7 @@ impl SentinelBackend {
         let Some(acks) = first.acks_node.as_ref() else {
             return self.release(name, owner).await;
         };
-        match acks.release(name, owner, Wake::IfReleased).await {
+        let out = match acks.release(name, owner, Wake::IfReleased).await {
             // Only a new primary is asked on another connection (it has
             // whatever survived the failover); on the same primary, the
             // main connection could overtake the acquire still on this one.
@@ -421,7 +473,11 @@ impl SentinelBackend {
                 }
             }
             other => other,
-        }
+        };
+        self.shared
+            .ended(&first, name, owner, Ended::Released)
+            .await;
+        out
     }
 
     pub(crate) async fn release_writer(
@@ -432,8 +488,13 @@ impl SentinelBackend {
     ) -> Result<Released, Fault> {
         let (first, started) = (self.shared.current(), Instant::now());
         let out = first.node.release_writer(name, owner, fence).await;
-        self.release_on_new_primary(&first, started, name, owner, out)
-            .await
+        let out = self
+            .release_on_new_primary(&first, started, name, owner, out)
+            .await;
+        self.shared
+            .ended(&first, name, owner, Ended::Released)
+            .await;
+        out
     }
 
     /// Not waited for by the replicas: `keep` never extends a hold (it
@@ -448,13 +509,23 @@ impl SentinelBackend {
         left: Duration,
     ) -> Result<Released, Fault> {
         // Idempotent: sent again on the new primary if the old one failed.
-        self.shared
+        let (first, until) = (self.shared.current(), Instant::now() + left);
+        self.shared.asked_for(left);
+        let out = self
+            .shared
             .on_primary(|p| async move { p.node.keep(name, owner, left).await })
-            .await
+            .await;
+        self.shared
+            .ended(&first, name, owner, Ended::Kept { until })
+            .await;
+        out
     }
 
     pub(crate) async fn renew(&self, batch: Vec<Renewal>) -> Vec<Renewed> {
         let shared = &self.shared;
+        if let Some(longest) = batch.iter().map(|r| r.lease).max() {
+            shared.asked_for(longest);
+        }
         let (first, started) = (shared.current(), Instant::now());
         let out = first.renew(&batch, shared.acks).await;
         let failed = out
@@ -500,6 +571,42 @@ impl SentinelBackend {
     pub(crate) fn grants_need_confirming(&self) -> bool {
         self.shared.acks.is_some()
     }
+}
+
+/// End `owner`'s hold or queue entry of `name` on `primary` as it was
+/// ended on another.
+async fn end_on(
+    primary: &Primary,
+    name: &LockName,
+    owner: &Arc<str>,
+    how: Ended,
+) -> Result<Released, Fault> {
+    match how {
+        Ended::Kept { until } if until > Instant::now() => {
+            let left = until.saturating_duration_since(Instant::now());
+            primary.node.keep(name, owner, left).await
+        }
+        _ => primary.node.release(name, owner, Wake::IfReleased).await,
+    }
+}
+
+/// Send again to the new `primary` what was ended on the one the client
+/// left (see `sentinel/journal.rs`).
+async fn replay(primary: Arc<Primary>, ended: Vec<Entry>) {
+    use futures_util::StreamExt;
+    let (n, failed) = (ended.len(), AtomicU64::new(0));
+    futures_util::stream::iter(ended)
+        .for_each_concurrent(REPLAY_AT_ONCE, |e| {
+            let (primary, failed) = (&primary, &failed);
+            async move {
+                if end_on(primary, &e.name, &e.owner, e.how).await.is_err() {
+                    failed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        })
+        .await;
+    let failed = failed.load(Ordering::Relaxed);
+    tracing::debug!(primary = %primary.addr, ended = n, failed, "sent what was ended on the old primary to the new one");
 }
 
 /// What an operator does: on the primary, as every lock operation.
