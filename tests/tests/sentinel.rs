@@ -518,3 +518,101 @@ async fn a_planned_failover_strands_nothing_and_fails_no_call() {
     );
     assert!(ok > 0);
 }
+
+/// A primary, a replica and three sentinels (default timing).
+fn deployment() -> (RedisServer, RedisServer, Sentinels) {
+    let primary = RedisServer::start();
+    let replica = start_replica(primary.port());
+    wait_replicas_online(&primary, 1, Duration::from_secs(10));
+    let sentinels = Sentinels::start(3, MASTER, &primary, Timing::default());
+    sentinels.wait_ready(1, Duration::from_secs(20));
+    (primary, replica, sentinels)
+}
+
+/// With `replica_acks` and the replica stopped, every acquire is taken and
+/// given back for want of its acknowledgement: the primary answered, so
+/// the call keeps trying for its whole wait (it used to give up after two
+/// operation timeouts), and is granted once the replica is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_short_of_replica_acks_keeps_trying_while_its_wait_lasts() {
+    tests::init_tracing();
+    let (primary, replica, sentinels) = deployment();
+    // Two operation timeouts: 1 s.
+    let client = builder()
+        .replica_acks(1, Duration::from_millis(200))
+        .sentinel(sentinels.urls(), MASTER)
+        .await
+        .unwrap();
+    replica.pause();
+
+    // Stopped for good: the call fails at its wait, nothing left behind.
+    let key = unique("unacked");
+    let asked = Instant::now();
+    let wait = Duration::from_secs(3);
+    let err = client.lock(&key).wait(wait).await.unwrap_err();
+    let took = asked.elapsed();
+    assert!(err.to_string().contains("replicas"), "{err}");
+    assert!(
+        took >= wait,
+        "gave up after {took:?} of a {wait:?} wait: {err}"
+    );
+    assert!(!primary.exists(&hash(&key)));
+
+    // Back within the wait: granted.
+    let key = unique("acked");
+    let (c, k) = (client.clone(), key.clone());
+    let call = tokio::spawn(async move { c.lock(&k).wait(Duration::from_secs(30)).await });
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!call.is_finished(), "gave up: {:?}", call.await);
+    replica.resume();
+    let g = call
+        .await
+        .unwrap()
+        .expect("granted once the replica is back");
+    assert!(
+        replica.exists(&hash(&key)),
+        "granted without the replica's copy"
+    );
+    g.release().await.unwrap();
+    println!("replica stopped: a call with a {wait:?} wait failed after {took:?}");
+}
+
+/// The primary dies: a call made then, from a runtime with no connection
+/// yet, has every connection refused until the replica is promoted,
+/// seconds later. The sentinels still answer, so it keeps trying while
+/// its wait lasts (it used to give up after two operation timeouts,
+/// whatever its wait) and is granted on the new primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_that_reaches_no_primary_waits_out_a_failover() {
+    tests::init_tracing();
+    let (mut primary, replica, sentinels) = deployment();
+    let client = builder().sentinel(sentinels.urls(), MASTER).await.unwrap();
+    let g = client.lock(unique("before")).await.unwrap();
+    g.release().await.unwrap();
+    let old = primary.port();
+    primary.kill();
+    let killed = Instant::now();
+    let key = unique("through");
+    // A runtime of its own: its first command connects afresh, refused.
+    let (c, k) = (client.clone(), key.clone());
+    let out = std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async move {
+                let g = c.lock(&k).wait(Duration::from_secs(60)).await?;
+                let granted = killed.elapsed();
+                g.release().await?;
+                Ok::<_, LockError>(granted)
+            })
+    })
+    .join()
+    .unwrap();
+    let granted = out.expect("the call gave up before the failover was through");
+    assert_eq!(
+        sentinels.wait_failover(old, Duration::from_secs(15)),
+        replica.port()
+    );
+    println!("primary killed: a call made then was granted {granted:?} later");
+}

@@ -68,6 +68,8 @@ struct Shared {
     current: Mutex<Arc<Primary>>,
     /// One discovery at a time; the time of the last one.
     discovery: tokio::sync::Mutex<Instant>,
+    /// When a sentinel last named the primary.
+    answered_at: Mutex<Instant>,
     /// The longest lease or queue stay asked for, in ms: how long a copy
     /// of a hold or a queue entry may outlive its last write.
     longest_ms: AtomicU64,
@@ -111,6 +113,7 @@ impl SentinelBackend {
             current: Mutex::new(Arc::new(primary)),
             discovery: tokio::sync::Mutex::new(Instant::now()),
             longest_ms: AtomicU64::new(0),
+            answered_at: Mutex::new(Instant::now()),
         });
         io.spawn(refresh(Arc::downgrade(&shared)));
         Ok(SentinelBackend { shared })
@@ -243,7 +246,7 @@ fn may_have_moved(e: &Fault) -> bool {
                 || source.is_timeout()
                 || matches!(source.code(), Some("READONLY" | "MASTERDOWN" | "LOADING"))
         }
-        Fault::Timeout { .. } | Fault::Other(_) => true,
+        Fault::Timeout { .. } | Fault::Other(_) | Fault::Unavailable(_) => true,
         Fault::Config(_) => false,
     }
 }
@@ -290,6 +293,7 @@ impl Shared {
         }
         *last = Instant::now();
         let found = ask_sentinels(&self.sentinels, &self.master, &self.settings).await?;
+        *self.answered_at.lock().unwrap() = Instant::now();
         let addr = format!("{}:{}", found.0, found.1);
         if addr == now.addr {
             return Ok(now);
@@ -351,13 +355,30 @@ impl Shared {
     {
         let (first, started) = (self.current(), Instant::now());
         match op(first.clone()).await {
-            Err(e) if by.is_some_and(|by| Instant::now() >= by) => Err(e),
+            Err(e) if by.is_some_and(|by| Instant::now() >= by) => Err(self.failing_over(e)),
             Err(e) if may_have_moved(&e) => match self.after_failure(&first, started).await {
                 Some(next) => op(next).await,
-                None => Err(e),
+                None => Err(self.failing_over(e)),
             },
             other => other,
         }
+    }
+
+    /// A primary that could not be reached while the sentinels still
+    /// answer is a failover under way (or one that cannot happen yet): the
+    /// deployment is there, and a call keeps trying while its wait lasts
+    /// (see [`Fault::reached`]). With the sentinels silent too, `e` as it
+    /// is: the call ends as against one unreachable Redis.
+    fn failing_over(&self, e: Fault) -> Fault {
+        let answered = self.answered_at.lock().unwrap().elapsed();
+        let recent = 2 * REFRESH + self.settings.connect_timeout + self.settings.op_timeout;
+        if e.reached() || !may_have_moved(&e) || answered > recent {
+            return e;
+        }
+        Fault::unavailable(format!(
+            "{e} (the sentinels answer for master `{}`: a failover under way?)",
+            self.master
+        ))
     }
 
     async fn acquire(
@@ -392,7 +413,7 @@ impl Shared {
                         Ok(n) => format!("only {n} confirmed within {wait:?}"),
                         Err(e) => format!("WAIT failed: {e}"),
                     };
-                    Err(Fault::other(format!(
+                    Err(Fault::unavailable(format!(
                         "lock `{}` was taken on primary {} but {got} of the {replicas} replicas required; it was released (replicas lagging or down?)",
                         name.key, p.addr
                     )))
