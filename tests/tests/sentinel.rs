@@ -616,3 +616,42 @@ async fn a_call_that_reaches_no_primary_waits_out_a_failover() {
     );
     println!("primary killed: a call made then was granted {granted:?} later");
 }
+
+/// A server that answers "not now" to a lock script's first write: a
+/// demoted primary (`READONLY`), one out of memory (`OOM`). The scripts
+/// pass the server's error on with its code (they used to wrap it in a
+/// message of their own, a final error), so a call keeps trying for its
+/// wait, as a client talking to a primary just demoted must.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_refused_for_now_is_tried_again_while_the_wait_lasts() {
+    tests::init_tracing();
+    let primary = RedisServer::start();
+    let replica = start_replica(primary.port());
+    wait_replicas_online(&primary, 1, Duration::from_secs(10));
+    let full = RedisServer::start_with(&["--maxmemory", "1", "--maxmemory-policy", "noeviction"]);
+    let wait = Duration::from_secs(1);
+    for (server, code) in [(&replica, "READONLY"), (&full, "OOM")] {
+        let client = builder().connect(&server.url()).await.unwrap();
+        for fenced in [true, false] {
+            let asked = Instant::now();
+            let err = client
+                .lock(unique("refused"))
+                .fence(fenced)
+                .wait(wait)
+                .await
+                .unwrap_err();
+            let took = asked.elapsed();
+            let said = err.to_string().to_lowercase();
+            assert!(said.contains(&code.to_lowercase()), "{err}");
+            assert!(
+                took >= wait,
+                "{code} (fenced: {fenced}) ended the call after {took:?} of its {wait:?} wait: {err}"
+            );
+        }
+        let err = client.semaphore(unique("refused"), 2).wait(wait).await;
+        assert!(
+            matches!(&err, Err(e) if e.to_string().to_lowercase().contains(&code.to_lowercase())),
+            "{err:?}"
+        );
+    }
+}

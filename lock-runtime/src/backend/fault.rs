@@ -159,7 +159,9 @@ pub(crate) fn slot_moving(e: &redis::RedisError) -> bool {
         || e.to_string().contains("non local key")
 }
 
-/// A Redis error that a later try may not see.
+/// A Redis error that a later try may not see: a server loading, busy
+/// with a script, out of memory (keys expire), demoted or short of
+/// replicas in a failover.
 fn transient(e: &redis::RedisError) -> bool {
     use redis::{ErrorKind, ServerErrorKind};
     slot_moving(e)
@@ -171,7 +173,16 @@ fn transient(e: &redis::RedisError) -> bool {
         )
         || matches!(
             e.code(),
-            Some("TRYAGAIN" | "CLUSTERDOWN" | "LOADING" | "MASTERDOWN" | "READONLY" | "BUSY")
+            Some(
+                "TRYAGAIN"
+                    | "CLUSTERDOWN"
+                    | "LOADING"
+                    | "MASTERDOWN"
+                    | "READONLY"
+                    | "BUSY"
+                    | "OOM"
+                    | "NOREPLICAS"
+            )
         )
 }
 
