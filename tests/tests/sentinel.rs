@@ -663,3 +663,52 @@ async fn a_write_refused_for_now_is_tried_again_while_the_wait_lasts() {
         );
     }
 }
+
+/// With `replica_acks`, an acquire and its `WAIT` go to the primary in one
+/// round trip: Redis reads each acquire's commands at once, and the
+/// replica's acknowledgement once (`INFO stats` `total_reads_processed`; in
+/// two round trips it read three times per acquire).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acknowledged_acquire_and_its_wait_are_one_round_trip() {
+    tests::init_tracing();
+    let (primary, _replica, sentinels) = deployment();
+    let client = builder()
+        .replica_acks(1, Duration::from_secs(1))
+        .sentinel(sentinels.urls(), MASTER)
+        .await
+        .unwrap();
+    // This runtime's connections opened.
+    for fence in [true, false] {
+        let g = client.lock(unique("warm")).fence(fence).await.unwrap();
+        g.release().await.unwrap();
+    }
+    let reads = || -> u64 {
+        let info: String = primary.cmd(&["INFO", "stats"]);
+        info.lines()
+            .find_map(|l| l.strip_prefix("total_reads_processed:"))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("total_reads_processed in INFO stats")
+    };
+    let n = 40;
+    let mut held = Vec::new();
+    primary.reset_stats();
+    let before = reads();
+    for i in 0..n {
+        let request = match i % 3 {
+            0 => client.lock(unique("acked")),
+            1 => client.lock(unique("acked")).fence(false),
+            _ => client.semaphore(unique("acked"), 2),
+        };
+        held.push(request.await.unwrap());
+    }
+    let read = reads() - before;
+    let waits = primary.calls("wait");
+    for g in held {
+        g.release().await.unwrap();
+    }
+    println!("{n} acknowledged acquires: {read} reads by the primary, {waits} WAITs");
+    assert_eq!(waits, n, "one WAIT per acquire");
+    // Two per acquire, with room for the sentinels' and the replica's own
+    // traffic; three per acquire when the WAIT went apart.
+    assert!(read < n * 5 / 2, "{read} reads for {n} acquires");
+}

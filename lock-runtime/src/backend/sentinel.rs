@@ -203,13 +203,17 @@ async fn open_primary(
         )));
     }
     let (acks_node, renew_node) = match acks {
-        Some((_, wait)) => {
+        Some(acks @ (_, wait)) => {
             let settings = NodeSettings {
                 op_timeout: settings.op_timeout + wait,
                 ..settings.clone()
             };
             (
-                Some(RedisNode::connect_to(info.clone(), settings.clone()).await?),
+                Some(
+                    RedisNode::connect_to(info.clone(), settings.clone())
+                        .await?
+                        .with_acks(acks),
+                ),
                 Some(RedisNode::connect_to(info.clone(), settings).await?),
             )
         }
@@ -390,34 +394,24 @@ impl Shared {
     ) -> Result<Acquired, Fault> {
         self.asked_for(lease.max(queue.stay.unwrap_or_default()));
         self.on_primary_by(queue.by, |p| async move {
-            let Some((replicas, wait)) = self.acks else {
+            let Some((replicas, _)) = self.acks else {
                 return p.node.acquire(name, owner, lease, None, queue).await;
             };
+            // The acquire and its WAIT in one round trip, on a connection
+            // of their own (WAIT blocks it). A repeat (an earlier send's
+            // reply was lost) waits too: its PEXPIRE is a write on this
+            // connection, so replicas that acknowledge it also have the lock.
             let node = p.acks_node.as_ref().unwrap_or(&p.node);
-            let out = node.acquire(name, owner, lease, None, queue).await?;
-            // A repeat (an earlier send's reply was lost) waits too: its
-            // PEXPIRE is a write on this connection, so replicas that
-            // acknowledge it also have the lock.
-            if matches!(out, Acquired::Busy { .. }) {
-                return Ok(out);
-            }
-            let mut cmd = redis::cmd("WAIT");
-            cmd.arg(replicas).arg(wait.as_millis().max(1) as u64);
-            let acked = node.command::<i64>(cmd, "waiting for replicas").await;
-            match acked {
-                Ok(n) if n >= replicas as i64 => Ok(out),
-                other => {
+            match node.acquire(name, owner, lease, None, queue).await {
+                Err(Fault::Unavailable(got)) => {
                     let _ = p.node.release(name, owner, Wake::IfReleased).await;
                     self.ended(&p, name, owner, Ended::Released).await;
-                    let got = match other {
-                        Ok(n) => format!("only {n} confirmed within {wait:?}"),
-                        Err(e) => format!("WAIT failed: {e}"),
-                    };
                     Err(Fault::unavailable(format!(
                         "lock `{}` was taken on primary {} but {got} of the {replicas} replicas required; it was released (replicas lagging or down?)",
                         name.key, p.addr
                     )))
                 }
+                other => other,
             }
         })
         .await
