@@ -8,8 +8,9 @@
 //!
 //! Replication is asynchronous: a lock the old primary granted but had not
 //! yet sent to the replica is gone after a failover. With
-//! [`replica_acks`](crate::LockClientBuilder::replica_acks) an acquire runs
-//! `WAIT k timeout` and only reports the lock held once `k` replicas have it,
+//! [`replica_acks`](crate::LockClientBuilder::replica_acks) an acquire is
+//! followed by `WAIT k timeout` in the same round trip, and only reports
+//! the lock held once `k` replicas have it,
 //! and each renewal tick ends with a `WAIT` in its pipeline: a renewal moves
 //! the holder's deadline only once `k` replicas have it, so a promoted
 //! replica never lets the lock go before its holder counts it gone.
