@@ -42,7 +42,10 @@
 -- out tokens above every earlier one. They stay strings (Lua writes
 -- numbers with 14 digits, a token has 16), compared as strings while both
 -- are 16 digits; anything else takes exact arithmetic, and a counter that
--- is not an integer is an error reply. The fast path runs no more Lua than
+-- is not an integer is an error reply.
+-- A write the server refuses (READONLY on a demoted primary, OOM) is
+-- answered with the server's own error, its code first, so that the
+-- client knows to try again. The fast path runs no more Lua than
 -- that: no closure, no number parsed or formatted.
 local lock, owner, lease = KEYS[1], ARGV[1], ARGV[2]
 local stay, flags = ARGV[3] or '', ARGV[4] or 'f'
@@ -72,7 +75,7 @@ if fenced and not reader then
   if last and (type(last) ~= 'string' or #last ~= #token or last >= token or not string.find(last, '^%d*$')) then
     -- (The counter at or above the floor, or of another length.)
     if type(last) ~= 'string' then
-      return redis.error_reply('token counter ' .. counter .. ' is not a string: ' .. tostring(last.err))
+      return redis.error_reply(tostring(last.err) .. ' (token counter ' .. counter .. ')')
     end
     local n = tonumber(last)
     if not n or string.find(last, '%D') then
@@ -125,7 +128,7 @@ local function next_token()
   local last = redis.pcall('set', counter, token, 'PX', ttl, 'GET')
   if last and (type(last) ~= 'string' or #last ~= #token or last >= token or not string.find(last, '^%d*$')) then
     if type(last) ~= 'string' then
-      return nil, redis.error_reply('token counter ' .. counter .. ' is not a string: ' .. tostring(last.err))
+      return nil, redis.error_reply(tostring(last.err) .. ' (token counter ' .. counter .. ')')
     end
     local n = tonumber(last)
     if not n or string.find(last, '%D') then

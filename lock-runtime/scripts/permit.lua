@@ -73,7 +73,7 @@ if held == 0 or (type(held) == 'number' and held < permits) then
         -- (The counter at or above the floor, or of another length, or an
         -- error's table, whose length is 0.)
         if type(last) ~= 'string' then
-          return redis.error_reply('token counter ' .. counter .. ' is not a string: ' .. tostring(last.err))
+          return redis.error_reply(tostring(last.err) .. ' (token counter ' .. counter .. ')')
         end
         local n = tonumber(last)
         if not n or string.find(last, '%D') then
@@ -117,7 +117,7 @@ local function next_token()
   local token = floor
   local last = redis.pcall('set', KEYS[2], string.format('%.0f', floor), 'PX', fence_ttl, 'GET')
   if type(last) == 'table' then
-    return nil, redis.error_reply('token counter ' .. KEYS[2] .. ' is not a string: ' .. tostring(last.err))
+    return nil, redis.error_reply(tostring(last.err) .. ' (token counter ' .. KEYS[2] .. ')')
   end
   if last then
     local n = tonumber(last)

@@ -593,9 +593,10 @@ impl LockRequest {
                     continue;
                 }
                 Err(e) if e.is_transient() => {
-                    // A slot on the move is a cluster that answers: the
-                    // call waits it out until its deadline.
-                    unsure.acq.failed(e.may_have_run() || e.is_slot_moving());
+                    // A deployment that answers "not now" (a slot on the
+                    // move, too few replicas, a failover under way) is
+                    // waited out until the deadline.
+                    unsure.acq.failed(e.reached());
                     tracing::debug!(key = %key, error = %e, "lock attempt failed; trying again");
                     pause_or_give_up(&client, &unsure.acq, &timing, e)
                         .await
@@ -895,9 +896,9 @@ fn reenter(
     }
 }
 
-/// Pause before trying again after a failed attempt, or give up with `e`
-/// if the pause would pass the point where the request gives up (see
-/// [`Acquiring::pause`]).
+/// Pause before trying again after a failed attempt (at most until the
+/// point where the request gives up), or give up with `e` once that has
+/// come (see [`Acquiring::pause`]).
 async fn pause_or_give_up(
     client: &LockClient,
     acq: &Acquiring<Instant>,

@@ -65,8 +65,17 @@ impl Sentinel {
         .expect("write sentinel.conf");
         let mut cmd = Command::new("redis-sentinel");
         cmd.arg(&conf).stdout(Stdio::null()).stderr(Stdio::null());
-        let child =
-            spawn_tied(cmd).expect("cannot start redis-sentinel: install it or put it on PATH");
+        // Where only the server is installed, it runs as a sentinel too.
+        let child = spawn_tied(cmd)
+            .or_else(|_| {
+                let mut cmd = Command::new("redis-server");
+                cmd.arg(&conf)
+                    .arg("--sentinel")
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null());
+                spawn_tied(cmd)
+            })
+            .expect("cannot start redis-sentinel (or redis-server --sentinel): install it or put it on PATH");
         let s = Sentinel {
             child: Some(child),
             port,

@@ -213,7 +213,15 @@ async fn lock_loss_on_failover_with_and_without_replica_acks() {
     for _ in 0..3 {
         let key = unique("refused");
         let t = Instant::now();
-        match acked.lock(&key).lease(Duration::from_secs(3)).await {
+        // Tried once: a call short of acks tries again while its wait
+        // lasts, and the acknowledged locks' copies must not run out on
+        // the replica before the failover.
+        match acked
+            .lock(&key)
+            .lease(Duration::from_secs(3))
+            .wait(Duration::ZERO)
+            .await
+        {
             Err(LockError::Backend(e)) => {
                 refused += 1;
                 assert!(e.to_string().contains("replicas"), "{e}");
@@ -429,4 +437,278 @@ async fn unreachable_sentinels_are_a_backend_error_within_five_seconds() {
         .await
         .unwrap_err();
     assert!(matches!(err, LockError::Config(_)), "{err:?}");
+}
+
+/// A planned failover (`SENTINEL FAILOVER`) under load: 9 tasks of one
+/// client loop on 3 keys (a fenced lock, an unfenced one, a semaphore of
+/// 2), each call with a 10 s wait. The old primary keeps answering as a
+/// primary for a while after the replica is promoted, then is turned into
+/// a replica of the new one (its clients cut). No call with wait left may
+/// fail, and nothing may be left held once every task is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_planned_failover_strands_nothing_and_fails_no_call() {
+    tests::init_tracing();
+    let primary = RedisServer::start();
+    let replica = start_replica(primary.port());
+    wait_replicas_online(&primary, 1, Duration::from_secs(10));
+    let sentinels = Sentinels::start(3, MASTER, &primary, Timing::default());
+    sentinels.wait_ready(1, Duration::from_secs(20));
+    let client = LockClient::sentinel(sentinels.urls(), MASTER)
+        .await
+        .unwrap();
+    let keys = [unique("fenced"), unique("unfenced"), unique("sem")];
+    let started = Instant::now();
+    let run_for = Duration::from_secs(12);
+    let tasks: Vec<_> = (0..9)
+        .map(|i| {
+            let (client, key) = (client.clone(), keys[i % 3].clone());
+            tokio::spawn(async move {
+                let (mut ok, mut failed, mut lost) = (0u32, Vec::new(), 0u32);
+                while started.elapsed() < run_for {
+                    let request = match i % 3 {
+                        0 => client.lock(&key),
+                        1 => client.lock(&key).fence(false),
+                        _ => client.semaphore(&key, 2),
+                    };
+                    let asked = Instant::now();
+                    match request.wait(Duration::from_secs(10)).await {
+                        Ok(g) => {
+                            ok += 1;
+                            // Taken on the old primary after the promotion:
+                            // gone on the new one, and said so.
+                            if g.release().await.is_err() {
+                                lost += 1;
+                            }
+                        }
+                        Err(e) => failed.push(format!(
+                            "{key} at {:?} after {:?}: {e}",
+                            asked.duration_since(started),
+                            asked.elapsed()
+                        )),
+                    }
+                }
+                (ok, failed, lost)
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let old = primary.port();
+    let asked = sentinels.sentinels[0].try_cmd::<String>(&["SENTINEL", "FAILOVER", MASTER]);
+    assert!(asked.is_ok(), "{asked:?}");
+    let failed_over = Instant::now();
+    assert_eq!(
+        sentinels.wait_failover(old, Duration::from_secs(15)),
+        replica.port()
+    );
+    let promoted = failed_over.elapsed();
+    let (mut ok, mut failed, mut lost) = (0, Vec::new(), 0);
+    for t in tasks {
+        let (o, f, l) = t.await.unwrap();
+        ok += o;
+        failed.extend(f);
+        lost += l;
+    }
+    let mut held = Vec::new();
+    for k in &keys {
+        if let Some(info) = client.inspect(k).await.unwrap() {
+            held.push(format!("{k}: {:?} ttl {:?}", info.holders, info.ttl));
+        }
+    }
+    println!(
+        "planned failover (sentinels switched after {promoted:?}): {ok} locks taken, \
+         {lost} found lost at release, {} calls failed, {} keys left held",
+        failed.len(),
+        held.len()
+    );
+    assert!(
+        failed.is_empty() && held.is_empty(),
+        "calls failed: {failed:#?}\nleft held after the run: {held:#?}"
+    );
+    assert!(ok > 0);
+}
+
+/// A primary, a replica and three sentinels (default timing).
+fn deployment() -> (RedisServer, RedisServer, Sentinels) {
+    let primary = RedisServer::start();
+    let replica = start_replica(primary.port());
+    wait_replicas_online(&primary, 1, Duration::from_secs(10));
+    let sentinels = Sentinels::start(3, MASTER, &primary, Timing::default());
+    sentinels.wait_ready(1, Duration::from_secs(20));
+    (primary, replica, sentinels)
+}
+
+/// With `replica_acks` and the replica stopped, every acquire is taken and
+/// given back for want of its acknowledgement: the primary answered, so
+/// the call keeps trying for its whole wait (it used to give up after two
+/// operation timeouts), and is granted once the replica is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_short_of_replica_acks_keeps_trying_while_its_wait_lasts() {
+    tests::init_tracing();
+    let (primary, replica, sentinels) = deployment();
+    // Two operation timeouts: 1 s.
+    let client = builder()
+        .replica_acks(1, Duration::from_millis(200))
+        .sentinel(sentinels.urls(), MASTER)
+        .await
+        .unwrap();
+    replica.pause();
+
+    // Stopped for good: the call fails at its wait, nothing left behind.
+    let key = unique("unacked");
+    let asked = Instant::now();
+    let wait = Duration::from_secs(3);
+    let err = client.lock(&key).wait(wait).await.unwrap_err();
+    let took = asked.elapsed();
+    assert!(err.to_string().contains("replicas"), "{err}");
+    assert!(
+        took >= wait,
+        "gave up after {took:?} of a {wait:?} wait: {err}"
+    );
+    assert!(!primary.exists(&hash(&key)));
+
+    // Back within the wait: granted.
+    let key = unique("acked");
+    let (c, k) = (client.clone(), key.clone());
+    let call = tokio::spawn(async move { c.lock(&k).wait(Duration::from_secs(30)).await });
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!call.is_finished(), "gave up: {:?}", call.await);
+    replica.resume();
+    let g = call
+        .await
+        .unwrap()
+        .expect("granted once the replica is back");
+    assert!(
+        replica.exists(&hash(&key)),
+        "granted without the replica's copy"
+    );
+    g.release().await.unwrap();
+    println!("replica stopped: a call with a {wait:?} wait failed after {took:?}");
+}
+
+/// The primary dies: a call made then, from a runtime with no connection
+/// yet, has every connection refused until the replica is promoted,
+/// seconds later. The sentinels still answer, so it keeps trying while
+/// its wait lasts (it used to give up after two operation timeouts,
+/// whatever its wait) and is granted on the new primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_that_reaches_no_primary_waits_out_a_failover() {
+    tests::init_tracing();
+    let (mut primary, replica, sentinels) = deployment();
+    let client = builder().sentinel(sentinels.urls(), MASTER).await.unwrap();
+    let g = client.lock(unique("before")).await.unwrap();
+    g.release().await.unwrap();
+    let old = primary.port();
+    primary.kill();
+    let killed = Instant::now();
+    let key = unique("through");
+    // A runtime of its own: its first command connects afresh, refused.
+    let (c, k) = (client.clone(), key.clone());
+    let out = std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async move {
+                let g = c.lock(&k).wait(Duration::from_secs(60)).await?;
+                let granted = killed.elapsed();
+                g.release().await?;
+                Ok::<_, LockError>(granted)
+            })
+    })
+    .join()
+    .unwrap();
+    let granted = out.expect("the call gave up before the failover was through");
+    assert_eq!(
+        sentinels.wait_failover(old, Duration::from_secs(15)),
+        replica.port()
+    );
+    println!("primary killed: a call made then was granted {granted:?} later");
+}
+
+/// A server that answers "not now" to a lock script's first write: a
+/// demoted primary (`READONLY`), one out of memory (`OOM`). The scripts
+/// pass the server's error on with its code (they used to wrap it in a
+/// message of their own, a final error), so a call keeps trying for its
+/// wait, as a client talking to a primary just demoted must.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_refused_for_now_is_tried_again_while_the_wait_lasts() {
+    tests::init_tracing();
+    let primary = RedisServer::start();
+    let replica = start_replica(primary.port());
+    wait_replicas_online(&primary, 1, Duration::from_secs(10));
+    let full = RedisServer::start_with(&["--maxmemory", "1", "--maxmemory-policy", "noeviction"]);
+    let wait = Duration::from_secs(1);
+    for (server, code) in [(&replica, "READONLY"), (&full, "OOM")] {
+        let client = builder().connect(&server.url()).await.unwrap();
+        for fenced in [true, false] {
+            let asked = Instant::now();
+            let err = client
+                .lock(unique("refused"))
+                .fence(fenced)
+                .wait(wait)
+                .await
+                .unwrap_err();
+            let took = asked.elapsed();
+            let said = err.to_string().to_lowercase();
+            assert!(said.contains(&code.to_lowercase()), "{err}");
+            assert!(
+                took >= wait,
+                "{code} (fenced: {fenced}) ended the call after {took:?} of its {wait:?} wait: {err}"
+            );
+        }
+        let err = client.semaphore(unique("refused"), 2).wait(wait).await;
+        assert!(
+            matches!(&err, Err(e) if e.to_string().to_lowercase().contains(&code.to_lowercase())),
+            "{err:?}"
+        );
+    }
+}
+
+/// With `replica_acks`, an acquire and its `WAIT` go to the primary in one
+/// round trip: Redis reads each acquire's commands at once, and the
+/// replica's acknowledgement once (`INFO stats` `total_reads_processed`; in
+/// two round trips it read three times per acquire).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acknowledged_acquire_and_its_wait_are_one_round_trip() {
+    tests::init_tracing();
+    let (primary, _replica, sentinels) = deployment();
+    let client = builder()
+        .replica_acks(1, Duration::from_secs(1))
+        .sentinel(sentinels.urls(), MASTER)
+        .await
+        .unwrap();
+    // This runtime's connections opened.
+    for fence in [true, false] {
+        let g = client.lock(unique("warm")).fence(fence).await.unwrap();
+        g.release().await.unwrap();
+    }
+    let reads = || -> u64 {
+        let info: String = primary.cmd(&["INFO", "stats"]);
+        info.lines()
+            .find_map(|l| l.strip_prefix("total_reads_processed:"))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("total_reads_processed in INFO stats")
+    };
+    let n = 40;
+    let mut held = Vec::new();
+    primary.reset_stats();
+    let before = reads();
+    for i in 0..n {
+        let request = match i % 3 {
+            0 => client.lock(unique("acked")),
+            1 => client.lock(unique("acked")).fence(false),
+            _ => client.semaphore(unique("acked"), 2),
+        };
+        held.push(request.await.unwrap());
+    }
+    let read = reads() - before;
+    let waits = primary.calls("wait");
+    for g in held {
+        g.release().await.unwrap();
+    }
+    println!("{n} acknowledged acquires: {read} reads by the primary, {waits} WAITs");
+    assert_eq!(waits, n, "one WAIT per acquire");
+    // Two per acquire, with room for the sentinels' and the replica's own
+    // traffic; three per acquire when the WAIT went apart.
+    assert!(read < n * 5 / 2, "{read} reads for {n} acquires");
 }

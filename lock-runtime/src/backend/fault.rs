@@ -22,6 +22,11 @@ pub(crate) enum Fault {
     Timeout { context: String, after: Duration },
     /// Anything else, described: an unexpected reply, no quorum.
     Other(String),
+    /// The deployment answered but cannot serve the command now: too few
+    /// replicas confirmed it, or its primary is down while the sentinels
+    /// still answer (a failover under way). Whatever it took was taken
+    /// back; trying again may succeed while the call has wait left.
+    Unavailable(String),
     /// Settings the backend cannot use (a bad URL, too few nodes).
     Config(String),
 }
@@ -45,14 +50,31 @@ impl Fault {
         Fault::Other(message.into())
     }
 
+    pub(crate) fn unavailable(message: impl Into<String>) -> Self {
+        Fault::Unavailable(message.into())
+    }
+
     /// Whether trying again may succeed: no answer, a broken connection, or
     /// a failover or slot move in progress. A script error or a bad setting
     /// is the same on every try.
     pub(crate) fn is_transient(&self) -> bool {
         match self {
             Fault::Redis { source, .. } => transient(source),
-            Fault::Timeout { .. } | Fault::Other(_) => true,
+            Fault::Timeout { .. } | Fault::Other(_) | Fault::Unavailable(_) => true,
             Fault::Config(_) => false,
+        }
+    }
+
+    /// Whether the deployment was reached: the command may have run, or a
+    /// server (or the sentinels) answered, if only to say "not now"
+    /// (`READONLY`, `LOADING`, a slot on the move, too few replicas). A
+    /// call then tries again for as long as its wait lasts; one that
+    /// reached nothing ends sooner (see `protocol/acquiring.rs`).
+    pub(crate) fn reached(&self) -> bool {
+        match self {
+            Fault::Redis { source, .. } => self.may_have_run() || source.code().is_some(),
+            Fault::Timeout { .. } | Fault::Unavailable(_) => true,
+            Fault::Other(_) | Fault::Config(_) => false,
         }
     }
 
@@ -74,7 +96,7 @@ impl Fault {
                     && !source.is_connection_refusal()
             }
             Fault::Timeout { .. } => true,
-            Fault::Other(_) | Fault::Config(_) => false,
+            Fault::Other(_) | Fault::Unavailable(_) | Fault::Config(_) => false,
         }
     }
 }
@@ -89,7 +111,7 @@ impl fmt::Display for Fault {
                     "{context}: no answer within {after:?} (is Redis reachable?)"
                 )
             }
-            Fault::Other(m) => f.write_str(m),
+            Fault::Other(m) | Fault::Unavailable(m) => f.write_str(m),
             Fault::Config(m) => write!(f, "invalid lock client configuration: {m}"),
         }
     }
@@ -104,7 +126,7 @@ impl From<Fault> for LockError {
             Fault::Timeout { context, after } => {
                 LockError::Backend(BackendError::Timeout { context, after })
             }
-            Fault::Other(m) => LockError::Backend(BackendError::Other(m)),
+            Fault::Other(m) | Fault::Unavailable(m) => LockError::Backend(BackendError::Other(m)),
             Fault::Config(m) => LockError::Config(m),
         }
     }
@@ -137,7 +159,9 @@ pub(crate) fn slot_moving(e: &redis::RedisError) -> bool {
         || e.to_string().contains("non local key")
 }
 
-/// A Redis error that a later try may not see.
+/// A Redis error that a later try may not see: a server loading, busy
+/// with a script, out of memory (keys expire), demoted or short of
+/// replicas in a failover.
 fn transient(e: &redis::RedisError) -> bool {
     use redis::{ErrorKind, ServerErrorKind};
     slot_moving(e)
@@ -149,7 +173,16 @@ fn transient(e: &redis::RedisError) -> bool {
         )
         || matches!(
             e.code(),
-            Some("TRYAGAIN" | "CLUSTERDOWN" | "LOADING" | "MASTERDOWN" | "READONLY" | "BUSY")
+            Some(
+                "TRYAGAIN"
+                    | "CLUSTERDOWN"
+                    | "LOADING"
+                    | "MASTERDOWN"
+                    | "READONLY"
+                    | "BUSY"
+                    | "OOM"
+                    | "NOREPLICAS"
+            )
         )
 }
 
@@ -175,9 +208,31 @@ mod tests {
             assert!(f.is_slot_moving(), "{reply}");
             assert!(f.is_transient(), "{reply}");
             assert!(!f.may_have_run(), "{reply}");
+            assert!(f.reached(), "{reply}");
         }
         for reply in ["CLUSTERDOWN The cluster is down", "ERR unknown command"] {
             assert!(!answered(reply).is_slot_moving(), "{reply}");
         }
+    }
+
+    /// A server that answers "not now" was reached: the call that met it
+    /// keeps its whole wait. A refused connection reached nothing.
+    #[test]
+    fn an_answer_that_says_not_now_reached_the_deployment() {
+        for reply in [
+            "READONLY You can't write against a read only replica.",
+            "LOADING Redis is loading the dataset in memory",
+            "BUSY Redis is busy running a script.",
+            "OOM command not allowed when used memory > 'maxmemory'.",
+        ] {
+            let f = answered(reply);
+            assert!(f.reached() && !f.may_have_run(), "{reply}");
+        }
+        assert!(Fault::unavailable("too few replicas").reached());
+        assert!(Fault::unavailable("too few replicas").is_transient());
+        let refused =
+            redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert!(!Fault::redis("connecting", refused).reached());
+        assert!(!Fault::other("no quorum").reached());
     }
 }

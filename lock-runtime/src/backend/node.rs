@@ -84,7 +84,7 @@ fn resend(e: &Fault) -> bool {
                 || matches!(e.code(), Some("TRYAGAIN" | "CLUSTERDOWN" | "LOADING"))
         }
         Fault::Timeout { .. } => true,
-        Fault::Other(_) | Fault::Config(_) => false,
+        Fault::Other(_) | Fault::Unavailable(_) | Fault::Config(_) => false,
     }
 }
 
@@ -139,6 +139,9 @@ pub(crate) struct RedisNode {
     /// then, past the operation timeout (see
     /// [`riding_out_moves`](Self::riding_out_moves)).
     moves_until: Option<tokio::time::Instant>,
+    /// Grants confirmed by this many replicas within this long (see
+    /// [`with_acks`](Self::with_acks)).
+    acks: Option<(usize, Duration)>,
 }
 
 #[derive(Clone)]
@@ -288,6 +291,7 @@ impl RedisNode {
             counter: Arc::default(),
             native_refused: Arc::default(),
             moves_until: None,
+            acks: None,
         }
     }
 
@@ -348,6 +352,7 @@ impl RedisNode {
             counter: Arc::default(),
             native_refused: Arc::default(),
             moves_until: None,
+            acks: None,
         }
     }
 
@@ -391,6 +396,92 @@ impl RedisNode {
     pub(crate) fn with_native_delete(mut self, native: Option<NativeDelete>) -> Self {
         self.native_delete = native;
         self
+    }
+
+    /// This node with every acquire followed by `WAIT replicas timeout` in
+    /// the same round trip (Sentinel's `replica_acks`): a grant the
+    /// replicas did not confirm in time is [`Fault::Unavailable`], and the
+    /// caller takes it back. A busy answer is not waited for.
+    pub(crate) fn with_acks(mut self, acks: (usize, Duration)) -> Self {
+        self.acks = Some(acks);
+        self
+    }
+
+    /// Send one command, with this node's `WAIT` behind it in the same
+    /// round trip if it has one: the reply and the replicas' count
+    /// (`Some(-1)`: `WAIT` gave none; `None`: no `WAIT`).
+    async fn query_acked(
+        &self,
+        q: &Query,
+        what: &str,
+        limit: Limit,
+    ) -> Result<(Value, Option<i64>), Fault> {
+        let (Some((replicas, wait)), Query::Cmd(cmd)) = (self.acks, q) else {
+            return Ok((self.query(q, what, limit).await?, None));
+        };
+        let mut pipe = Pipeline::new();
+        // Each reply on its own: a failed WAIT must not hide a grant.
+        pipe.ignore_errors();
+        pipe.add_command(cmd.clone());
+        pipe.cmd("WAIT").arg(replicas).arg(millis(wait));
+        let mut replies: Vec<Value> = self.query(&Query::Pipe(pipe), what, limit).await?;
+        let acked = replies
+            .pop()
+            .and_then(|v| redis::from_redis_value::<i64>(v).ok())
+            .unwrap_or(-1);
+        let reply = replies.pop().unwrap_or(Value::Nil).extract_error();
+        let reply =
+            reply.map_err(|e| Fault::redis(format!("{what} on Redis at {}", self.addr), e))?;
+        Ok((reply, Some(acked)))
+    }
+
+    /// [`eval_once`](Self::eval_once) through
+    /// [`query_acked`](Self::query_acked).
+    async fn eval_once_acked(
+        &self,
+        script: &Script,
+        sha: &Query,
+        keys: &[&str],
+        args: &[Arg<'_>],
+        limit: Limit,
+    ) -> Result<(Value, Option<i64>), Fault> {
+        let what = script.name;
+        match self.query_acked(sha, what, limit).await {
+            Err(Fault::Redis { source, .. }) if scripts::is_noscript(&source) => {
+                self.query_acked(&Query::Cmd(script.eval(keys, args)), what, limit)
+                    .await
+            }
+            other => other,
+        }
+    }
+
+    /// When an acquire bounded by `by` must end here: with a `WAIT` in
+    /// the same round trip, a whole operation timeout (the `WAIT`'s
+    /// included) on top, even on the last attempt, as the `WAIT` had when
+    /// it went apart: Redis ends a `WAIT` on its own timer, up to
+    /// 1000/`hz` ms late.
+    fn acquire_by(&self, by: Option<tokio::time::Instant>) -> Option<tokio::time::Instant> {
+        if self.acks.is_none() {
+            return by;
+        }
+        let now = tokio::time::Instant::now();
+        by.map(|by| by.max(now) + self.settings.op_timeout)
+    }
+
+    /// `out`, unless it is a grant fewer replicas confirmed (`acked`) than
+    /// this node asks for.
+    fn confirmed(&self, out: Acquired, acked: Option<i64>) -> Result<Acquired, Fault> {
+        let (Some(n), Some((replicas, wait))) = (acked, self.acks) else {
+            return Ok(out);
+        };
+        if matches!(out, Acquired::Busy { .. }) || n >= replicas as i64 {
+            return Ok(out);
+        }
+        Err(Fault::unavailable(if n < 0 {
+            "WAIT gave no count of replicas".to_owned()
+        } else {
+            format!("only {n} confirmed within {wait:?}")
+        }))
     }
 
     /// Run a plain command (WAIT, ROLE, ...).
@@ -760,12 +851,22 @@ impl RedisNode {
                 .arg(lease_ms)
                 .arg("GET");
             let set = Query::Cmd(set);
-            let held: Result<Option<String>, Fault> = self
-                .retrying_by(queue.by, |limit| self.query(&set, "taking a lock", limit))
+            let held = self
+                .retrying_by(self.acquire_by(queue.by), |limit| {
+                    self.query_acked(&set, "taking a lock", limit)
+                })
                 .await;
             match held {
-                Ok(None) => return Ok(Acquired::Fresh { fence: 0 }),
-                Ok(Some(held)) => {
+                Ok((held, acked)) => {
+                    let held: Option<String> = redis::from_redis_value(held).map_err(|e| {
+                        Fault::other(format!(
+                            "taking a lock on Redis at {}: unexpected reply ({e})",
+                            self.addr
+                        ))
+                    })?;
+                    let Some(held) = held else {
+                        return self.confirmed(Acquired::Fresh { fence: 0 }, acked);
+                    };
                     let mine = held.split(' ').next() == Some(owner);
                     if !mine && queue.stay.is_none() {
                         return Ok(Acquired::Busy {
@@ -793,8 +894,8 @@ impl RedisNode {
         let (keys, n) = keys.refs();
         let keys = &keys[..n];
         let sent = std::sync::atomic::AtomicBool::new(false);
-        let reply: Value = self
-            .retrying_by(queue.by, |limit| {
+        let (reply, acked) = self
+            .retrying_by(self.acquire_by(queue.by), |limit| {
                 // Sent again after a send that may have run and queued this
                 // owner: if this one takes the lock, it leaves the queue.
                 let again = sent.swap(true, std::sync::atomic::Ordering::Relaxed);
@@ -828,12 +929,12 @@ impl RedisNode {
                 async move {
                     let args = &args[..n];
                     let sha = Query::Cmd(scripts::ACQUIRE.evalsha(keys, args));
-                    self.eval_once(&scripts::ACQUIRE, &sha, keys, args, limit)
+                    self.eval_once_acked(&scripts::ACQUIRE, &sha, keys, args, limit)
                         .await
                 }
             })
             .await?;
-        acquired(&reply, "acquire.lua", &self.addr)
+        self.confirmed(acquired(&reply, "acquire.lua", &self.addr)?, acked)
     }
 
     /// The release script's flags: how it tells waiters, and for Redlock

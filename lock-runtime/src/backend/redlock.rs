@@ -414,7 +414,7 @@ impl Shared {
         let carried = at.iter().filter(|&&t| t == Some(fence)).count();
         if carried < quorum {
             self.undo(name, owner, Wake::IfReleased).await;
-            return Err(Fault::other(format!(
+            return Err(Fault::unavailable(format!(
                 "Redlock: acquiring {what}: could not raise the fence token {fence} on {quorum} nodes: {}",
                 why.join("; ")
             )));
@@ -422,7 +422,7 @@ impl Shared {
         let elapsed = started.elapsed();
         if elapsed + drift(lease) >= lease {
             self.undo(name, owner, Wake::IfReleased).await;
-            return Err(Fault::other(format!(
+            return Err(Fault::unavailable(format!(
                 "Redlock: acquiring {what} took {elapsed:?}, leaving nothing of its {lease:?} lease (minus {:?} clock drift); use a longer lease or faster nodes",
                 drift(lease)
             )));

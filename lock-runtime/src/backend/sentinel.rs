@@ -8,12 +8,20 @@
 //!
 //! Replication is asynchronous: a lock the old primary granted but had not
 //! yet sent to the replica is gone after a failover. With
-//! [`replica_acks`](crate::LockClientBuilder::replica_acks) an acquire runs
-//! `WAIT k timeout` and only reports the lock held once `k` replicas have it,
+//! [`replica_acks`](crate::LockClientBuilder::replica_acks) an acquire is
+//! followed by `WAIT k timeout` in the same round trip, and only reports
+//! the lock held once `k` replicas have it,
 //! and each renewal tick ends with a `WAIT` in its pipeline: a renewal moves
 //! the holder's deadline only once `k` replicas have it, so a promoted
 //! replica never lets the lock go before its holder counts it gone.
+//!
+//! What the client ended on an old primary after its replica was promoted
+//! (a planned failover leaves it answering for seconds) is sent again to
+//! the new one once the client follows (`sentinel/journal.rs`).
 
+mod journal;
+
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -27,10 +35,15 @@ use super::pubsub::Subscriber;
 use super::{Acquired, Queue, Released, Renewal, Renewed, Seen};
 use crate::key::LockName;
 use crate::wakeups::Waiter;
+use journal::{Ended, Entry, Journal};
 
 /// How often the sentinels are asked whether the primary moved, even when
 /// nothing failed: a restarted old primary may answer before it is demoted.
 const REFRESH: Duration = Duration::from_secs(1);
+
+/// Releases sent side by side when a new primary is told what was ended
+/// on the old one.
+const REPLAY_AT_ONCE: usize = 32;
 
 /// The primary as last discovered.
 struct Primary {
@@ -43,6 +56,8 @@ struct Primary {
     /// of their own too, so that nothing else waits behind a tick.
     renew_node: Option<RedisNode>,
     subscriber: Subscriber,
+    /// What the client ended here lately (see `sentinel/journal.rs`).
+    journal: Journal,
 }
 
 struct Shared {
@@ -54,6 +69,11 @@ struct Shared {
     current: Mutex<Arc<Primary>>,
     /// One discovery at a time; the time of the last one.
     discovery: tokio::sync::Mutex<Instant>,
+    /// When a sentinel last named the primary.
+    answered_at: Mutex<Instant>,
+    /// The longest lease or queue stay asked for, in ms: how long a copy
+    /// of a hold or a queue entry may outlive its last write.
+    longest_ms: AtomicU64,
 }
 
 pub(crate) struct SentinelBackend {
@@ -93,6 +113,8 @@ impl SentinelBackend {
             io: io.clone(),
             current: Mutex::new(Arc::new(primary)),
             discovery: tokio::sync::Mutex::new(Instant::now()),
+            longest_ms: AtomicU64::new(0),
+            answered_at: Mutex::new(Instant::now()),
         });
         io.spawn(refresh(Arc::downgrade(&shared)));
         Ok(SentinelBackend { shared })
@@ -182,13 +204,17 @@ async fn open_primary(
         )));
     }
     let (acks_node, renew_node) = match acks {
-        Some((_, wait)) => {
+        Some(acks @ (_, wait)) => {
             let settings = NodeSettings {
                 op_timeout: settings.op_timeout + wait,
                 ..settings.clone()
             };
             (
-                Some(RedisNode::connect_to(info.clone(), settings.clone()).await?),
+                Some(
+                    RedisNode::connect_to(info.clone(), settings.clone())
+                        .await?
+                        .with_acks(acks),
+                ),
                 Some(RedisNode::connect_to(info.clone(), settings).await?),
             )
         }
@@ -200,6 +226,7 @@ async fn open_primary(
         node,
         acks_node,
         renew_node,
+        journal: Journal::default(),
     })
 }
 
@@ -224,7 +251,7 @@ fn may_have_moved(e: &Fault) -> bool {
                 || source.is_timeout()
                 || matches!(source.code(), Some("READONLY" | "MASTERDOWN" | "LOADING"))
         }
-        Fault::Timeout { .. } | Fault::Other(_) => true,
+        Fault::Timeout { .. } | Fault::Other(_) | Fault::Unavailable(_) => true,
         Fault::Config(_) => false,
     }
 }
@@ -232,6 +259,26 @@ fn may_have_moved(e: &Fault) -> bool {
 impl Shared {
     fn current(&self) -> Arc<Primary> {
         self.current.lock().unwrap().clone()
+    }
+
+    /// A lease or queue stay of `d` was asked for.
+    fn asked_for(&self, d: Duration) {
+        let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        self.longest_ms.fetch_max(ms, Ordering::Relaxed);
+    }
+
+    /// How long what was ended on a primary is kept for a new one.
+    fn keep_for(&self) -> Duration {
+        Duration::from_millis(self.longest_ms.load(Ordering::Relaxed))
+    }
+
+    /// `owner`'s hold or queue entry of `name` was ended on `on`: noted
+    /// there, or, if the client left `on` meanwhile, ended on the current
+    /// primary too.
+    async fn ended(&self, on: &Arc<Primary>, name: &LockName, owner: &Arc<str>, how: Ended) {
+        if !on.journal.note(name, owner, how, self.keep_for()) {
+            let _ = end_on(&self.current(), name, owner, how).await;
+        }
     }
 
     /// Ask the sentinels again; switch if the primary moved. `failed` is
@@ -251,6 +298,7 @@ impl Shared {
         }
         *last = Instant::now();
         let found = ask_sentinels(&self.sentinels, &self.master, &self.settings).await?;
+        *self.answered_at.lock().unwrap() = Instant::now();
         let addr = format!("{}:{}", found.0, found.1);
         if addr == now.addr {
             return Ok(now);
@@ -267,6 +315,12 @@ impl Shared {
         );
         tracing::warn!(from = %now.addr, to = %addr, master = %self.master, "Sentinel failover: following the new primary");
         *self.current.lock().unwrap() = primary.clone();
+        // Ended on the old primary, maybe after the promotion: the new one
+        // may still have it (see `sentinel/journal.rs`).
+        let ended = now.journal.leave(self.keep_for());
+        if !ended.is_empty() {
+            self.io.spawn(replay(primary.clone(), ended));
+        }
         // Waiters listening on the old primary would hear nothing more:
         // wake them to subscribe again on the new one.
         now.subscriber.retire();
@@ -306,50 +360,59 @@ impl Shared {
     {
         let (first, started) = (self.current(), Instant::now());
         match op(first.clone()).await {
-            Err(e) if by.is_some_and(|by| Instant::now() >= by) => Err(e),
+            Err(e) if by.is_some_and(|by| Instant::now() >= by) => Err(self.failing_over(e)),
             Err(e) if may_have_moved(&e) => match self.after_failure(&first, started).await {
                 Some(next) => op(next).await,
-                None => Err(e),
+                None => Err(self.failing_over(e)),
             },
             other => other,
         }
     }
 
+    /// A primary that could not be reached while the sentinels still
+    /// answer is a failover under way (or one that cannot happen yet): the
+    /// deployment is there, and a call keeps trying while its wait lasts
+    /// (see [`Fault::reached`]). With the sentinels silent too, `e` as it
+    /// is: the call ends as against one unreachable Redis.
+    fn failing_over(&self, e: Fault) -> Fault {
+        let answered = self.answered_at.lock().unwrap().elapsed();
+        let recent = 2 * REFRESH + self.settings.connect_timeout + self.settings.op_timeout;
+        if e.reached() || !may_have_moved(&e) || answered > recent {
+            return e;
+        }
+        Fault::unavailable(format!(
+            "{e} (the sentinels answer for master `{}`: a failover under way?)",
+            self.master
+        ))
+    }
+
     async fn acquire(
         &self,
         name: &LockName,
-        owner: &str,
+        owner: &Arc<str>,
         lease: Duration,
         queue: Queue,
     ) -> Result<Acquired, Fault> {
+        self.asked_for(lease.max(queue.stay.unwrap_or_default()));
         self.on_primary_by(queue.by, |p| async move {
-            let Some((replicas, wait)) = self.acks else {
+            let Some((replicas, _)) = self.acks else {
                 return p.node.acquire(name, owner, lease, None, queue).await;
             };
+            // The acquire and its WAIT in one round trip, on a connection
+            // of their own (WAIT blocks it). A repeat (an earlier send's
+            // reply was lost) waits too: its PEXPIRE is a write on this
+            // connection, so replicas that acknowledge it also have the lock.
             let node = p.acks_node.as_ref().unwrap_or(&p.node);
-            let out = node.acquire(name, owner, lease, None, queue).await?;
-            // A repeat (an earlier send's reply was lost) waits too: its
-            // PEXPIRE is a write on this connection, so replicas that
-            // acknowledge it also have the lock.
-            if matches!(out, Acquired::Busy { .. }) {
-                return Ok(out);
-            }
-            let mut cmd = redis::cmd("WAIT");
-            cmd.arg(replicas).arg(wait.as_millis().max(1) as u64);
-            let acked = node.command::<i64>(cmd, "waiting for replicas").await;
-            match acked {
-                Ok(n) if n >= replicas as i64 => Ok(out),
-                other => {
+            match node.acquire(name, owner, lease, None, queue).await {
+                Err(Fault::Unavailable(got)) => {
                     let _ = p.node.release(name, owner, Wake::IfReleased).await;
-                    let got = match other {
-                        Ok(n) => format!("only {n} confirmed within {wait:?}"),
-                        Err(e) => format!("WAIT failed: {e}"),
-                    };
-                    Err(Fault::other(format!(
+                    self.ended(&p, name, owner, Ended::Released).await;
+                    Err(Fault::unavailable(format!(
                         "lock `{}` was taken on primary {} but {got} of the {replicas} replicas required; it was released (replicas lagging or down?)",
                         name.key, p.addr
                     )))
                 }
+                other => other,
             }
         })
         .await
@@ -374,8 +437,13 @@ impl SentinelBackend {
     ) -> Result<Released, Fault> {
         let (first, started) = (self.shared.current(), Instant::now());
         let out = first.node.release(name, owner, Wake::IfReleased).await;
-        self.release_on_new_primary(&first, started, name, owner, out)
-            .await
+        let out = self
+            .release_on_new_primary(&first, started, name, owner, out)
+            .await;
+        self.shared
+            .ended(&first, name, owner, Ended::Released)
+            .await;
+        out
     }
 
     /// A release that failed as if the primary moved is sent again to the
@@ -410,7 +478,7 @@ impl SentinelBackend {
         let Some(acks) = first.acks_node.as_ref() else {
             return self.release(name, owner).await;
         };
-        match acks.release(name, owner, Wake::IfReleased).await {
+        let out = match acks.release(name, owner, Wake::IfReleased).await {
             // Only a new primary is asked on another connection (it has
             // whatever survived the failover); on the same primary, the
             // main connection could overtake the acquire still on this one.
@@ -421,7 +489,11 @@ impl SentinelBackend {
                 }
             }
             other => other,
-        }
+        };
+        self.shared
+            .ended(&first, name, owner, Ended::Released)
+            .await;
+        out
     }
 
     pub(crate) async fn release_writer(
@@ -432,8 +504,13 @@ impl SentinelBackend {
     ) -> Result<Released, Fault> {
         let (first, started) = (self.shared.current(), Instant::now());
         let out = first.node.release_writer(name, owner, fence).await;
-        self.release_on_new_primary(&first, started, name, owner, out)
-            .await
+        let out = self
+            .release_on_new_primary(&first, started, name, owner, out)
+            .await;
+        self.shared
+            .ended(&first, name, owner, Ended::Released)
+            .await;
+        out
     }
 
     /// Not waited for by the replicas: `keep` never extends a hold (it
@@ -448,13 +525,23 @@ impl SentinelBackend {
         left: Duration,
     ) -> Result<Released, Fault> {
         // Idempotent: sent again on the new primary if the old one failed.
-        self.shared
+        let (first, until) = (self.shared.current(), Instant::now() + left);
+        self.shared.asked_for(left);
+        let out = self
+            .shared
             .on_primary(|p| async move { p.node.keep(name, owner, left).await })
-            .await
+            .await;
+        self.shared
+            .ended(&first, name, owner, Ended::Kept { until })
+            .await;
+        out
     }
 
     pub(crate) async fn renew(&self, batch: Vec<Renewal>) -> Vec<Renewed> {
         let shared = &self.shared;
+        if let Some(longest) = batch.iter().map(|r| r.lease).max() {
+            shared.asked_for(longest);
+        }
         let (first, started) = (shared.current(), Instant::now());
         let out = first.renew(&batch, shared.acks).await;
         let failed = out
@@ -500,6 +587,42 @@ impl SentinelBackend {
     pub(crate) fn grants_need_confirming(&self) -> bool {
         self.shared.acks.is_some()
     }
+}
+
+/// End `owner`'s hold or queue entry of `name` on `primary` as it was
+/// ended on another.
+async fn end_on(
+    primary: &Primary,
+    name: &LockName,
+    owner: &Arc<str>,
+    how: Ended,
+) -> Result<Released, Fault> {
+    match how {
+        Ended::Kept { until } if until > Instant::now() => {
+            let left = until.saturating_duration_since(Instant::now());
+            primary.node.keep(name, owner, left).await
+        }
+        _ => primary.node.release(name, owner, Wake::IfReleased).await,
+    }
+}
+
+/// Send again to the new `primary` what was ended on the one the client
+/// left (see `sentinel/journal.rs`).
+async fn replay(primary: Arc<Primary>, ended: Vec<Entry>) {
+    use futures_util::StreamExt;
+    let (n, failed) = (ended.len(), AtomicU64::new(0));
+    futures_util::stream::iter(ended)
+        .for_each_concurrent(REPLAY_AT_ONCE, |e| {
+            let (primary, failed) = (&primary, &failed);
+            async move {
+                if end_on(primary, &e.name, &e.owner, e.how).await.is_err() {
+                    failed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        })
+        .await;
+    let failed = failed.load(Ordering::Relaxed);
+    tracing::debug!(primary = %primary.addr, ended = n, failed, "sent what was ended on the old primary to the new one");
 }
 
 /// What an operator does: on the primary, as every lock operation.

@@ -198,8 +198,9 @@ impl<I: Moment> Acquiring<I> {
 
     /// An attempt failed in a way that may pass (no answer, a cut
     /// connection, a cluster slot on the move); `reached`: it may have
-    /// reached the server, or the server answered that it did not run it
-    /// yet (a slot on the move). The next attempt (same owner) is answered
+    /// reached the server, or the deployment answered that it cannot run
+    /// it yet (a slot on the move, too few replicas, a failover under
+    /// way): the whole wait is then tried. The next attempt (same owner) is answered
     /// `Repeated` if it ran, and if the request ends first, the undo takes
     /// it back.
     pub fn failed(&mut self, reached: bool) {
@@ -236,18 +237,20 @@ impl<I: Moment> Acquiring<I> {
     /// The pause before the next attempt after the `failures`-th failure in
     /// a row: 20 ms doubling, at most the retry delay, plus up to half of
     /// it at random (`jitter` in [0, 1), so that clients cut off together do
-    /// not come back together). `None`: it would pass the point where the
-    /// request gives up, so it gives up now.
+    /// not come back together), cut short to end where the request gives
+    /// up: the last attempt goes then, so a call uses all its wait. `None`:
+    /// that point has come, so it gives up now.
     pub fn pause(&self, now: I, jitter: f64, t: &Timing) -> Option<Duration> {
         let cap = t.retry_delay.max(Duration::from_millis(1));
         let base =
             Duration::from_millis(20) * (1u32 << self.failures.clamp(1, 7).saturating_sub(1));
         let base = base.min(cap);
         let pause = base + base.mul_f64(jitter / 2.0);
-        if now.after(pause) >= self.give_up_at() {
+        let end = self.give_up_at();
+        if now >= end {
             return None;
         }
-        Some(pause)
+        Some(pause.min(end.since(now)))
     }
 
     /// Whether a request that gives up now ends as `Timeout` (the lock was
@@ -330,7 +333,12 @@ mod tests {
         // Refused: nothing reached the server.
         a.failed(false);
         assert_eq!(a.give_up_at(), Ms(4_000));
-        assert_eq!(a.pause(Ms(3_990), 0.0, &T), None);
+        assert_eq!(
+            a.pause(Ms(3_990), 0.0, &T),
+            Some(Duration::from_millis(10)),
+            "the last attempt goes when the request gives up"
+        );
+        assert_eq!(a.pause(Ms(4_000), 0.0, &T), None);
         assert!(!a.ends_as_timeout());
         // Once it answered, the whole wait counts.
         a.failed(true);

@@ -5,8 +5,6 @@
 use std::borrow::Cow;
 use std::time::Duration;
 
-use redis::Value;
-
 use super::{millis, Query, RedisNode, Wake};
 use crate::backend::fault::Fault;
 use crate::backend::{Acquired, Queue, Released, Seen};
@@ -70,14 +68,14 @@ impl RedisNode {
         let keys = self.permit_keys(name);
         let keys: Vec<&str> = keys.iter().map(|k| &**k).collect();
         let (keys, args) = (&keys, &args[..n]);
-        let reply: Value = self
-            .retrying_by(queue.by, |limit| async move {
+        let (reply, acked) = self
+            .retrying_by(self.acquire_by(queue.by), |limit| async move {
                 let sha = Query::Cmd(scripts::PERMIT.evalsha(keys, args));
-                self.eval_once(&scripts::PERMIT, &sha, keys, args, limit)
+                self.eval_once_acked(&scripts::PERMIT, &sha, keys, args, limit)
                     .await
             })
             .await?;
-        super::acquired(&reply, "permit.lua", &self.addr)
+        self.confirmed(super::acquired(&reply, "permit.lua", &self.addr)?, acked)
     }
 
     /// Run `release_permit.lua` as `owner`: (its answer, whether an earlier
