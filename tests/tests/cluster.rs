@@ -674,3 +674,87 @@ async fn running<T: std::fmt::Debug>(
     early.push(format!("{what}: {out:?}"));
     None
 }
+
+/// An operator's resharding of a slot of 10 000 keys (100 keys per
+/// `MIGRATE`, 50 ms apart, as `redis-cli --cluster reshard` moves them),
+/// with two locks of that slot held when it starts and released during it:
+/// one whose keys the move lists first (they are on the target by then),
+/// one whose keys it lists last (still on the source). Each release returns
+/// `Ok` while the move still runs, and leaves no key of its lock on either
+/// node; the move is not slowed (compared with the same move alone, back,
+/// with a generous margin) and meets no error; the keys are free after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_lock_neither_blocks_nor_slows_a_resharding() {
+    use tests::cluster::key_slot;
+    tests::init_tracing();
+    let cluster = Arc::new(Cluster::start(3, 0, 2000));
+    let connect = || async { LockClient::builder().cluster(cluster.urls()).await.unwrap() };
+    let (holder, other) = (connect().await, connect().await);
+    let key = unique("reshard");
+    let slot = key_slot(&format!("lock:{{{key}}}"));
+    let early = (0..)
+        .map(|i| format!("{key}-first-{i}"))
+        .find(|k| key_slot(&format!("lock:{{{k}}}")) == slot)
+        .unwrap();
+    let a = cluster.slot_owner(slot);
+    let b = (a + 1) % cluster.nodes.len();
+    let reshard = |from: usize, to: usize| {
+        let cluster = cluster.clone();
+        tokio::task::spawn_blocking(move || {
+            let (pause, limit) = (Duration::from_millis(50), Duration::from_secs(90));
+            cluster.reshard(slot, (from, to), 100, pause, limit)
+        })
+    };
+    let lease = Duration::from_secs(12);
+    // A slot lists its newest keys first: taken before the slot's other
+    // keys are written, the first lock's keys move last; the second's first.
+    let last = holder.lock(&key).lease(lease).await.unwrap();
+    cluster.fill(a, &key, 10_000);
+    let first = holder.lock(&early).lease(lease).await.unwrap();
+    let moving = reshard(a, b);
+    assert!(
+        tests::eventually(Duration::from_secs(10), || cluster.keys_in_slot(b, slot) >= 2000).await,
+        "the move did not start"
+    );
+    for (what, k, g) in [("listed first", &early, first), ("listed last", &key, last)] {
+        g.release()
+            .await
+            .unwrap_or_else(|e| panic!("the release of the lock {what}, during the move: {e:?}"));
+        assert!(
+            !moving.is_finished(),
+            "the release of the lock {what} waited for the move to end"
+        );
+        let hash = format!("lock:{{{k}}}");
+        for i in [a, b] {
+            assert!(
+                cluster.nodes[i].keys(&hash).is_empty(),
+                "the lock {what} is still on node {i} after its release"
+            );
+        }
+    }
+    let with_locks = moving.await.unwrap();
+    let with_locks = with_locks.unwrap_or_else(|e| panic!("the move with locks held: {e}"));
+    let alone = reshard(b, a).await.unwrap().unwrap();
+    eprintln!("the move alone: {alone:?}; with locks released during it: {with_locks:?}");
+    // Generous: the move's own time varies with the machine's load; a
+    // lease's wait does not hide in it.
+    assert!(
+        with_locks.took < alone.took * 2 + Duration::from_secs(3),
+        "the move took {:?} with locks held, {:?} alone",
+        with_locks.took,
+        alone.took
+    );
+    assert!(
+        with_locks.errors.is_empty(),
+        "the move met errors: {:?}",
+        with_locks.errors
+    );
+    for k in [&key, &early] {
+        let g = other
+            .lock(k)
+            .wait(Duration::from_secs(2))
+            .await
+            .unwrap_or_else(|e| panic!("the key was not free after the move: {e:?}"));
+        g.release().await.unwrap();
+    }
+}

@@ -877,11 +877,65 @@ impl RedisNode {
         };
         let keys = self.script_keys(name);
         let (keys, mut k) = keys.refs();
-        if !self.is_cluster() && !name.prefix().contains('{') {
+        if self.is_cluster() {
+            return self.run_release_moving(&keys[..k], &args[..n]).await;
+        }
+        if !name.prefix().contains('{') {
             k = 1;
         }
         self.eval_noting_repeats(&scripts::RELEASE, &keys[..k], &args[..n])
             .await
+    }
+
+    /// [`run_release`](Self::run_release) on a Redis Cluster. While the
+    /// lock's slot is on the move, a call declaring all five keys is
+    /// refused (`TRYAGAIN`) until the move ends, and the move may outlast
+    /// the lease. Each such refusal is followed by the same call declaring
+    /// only the lock (flag `o`), which the cluster runs on whichever node
+    /// has it: a hold nobody waits behind is released at once, mid-move;
+    /// anything more (a queue to hand over to, an entry to withdraw) is
+    /// left untouched (`2`) for the whole call once the slot settles.
+    async fn run_release_moving(
+        &self,
+        keys: &[&str],
+        args: &[Arg<'_>],
+    ) -> Result<(i64, bool), Fault> {
+        let flags = match args.get(1) {
+            Some(Arg::Str(f)) => format!("{f}o"),
+            _ => "sro".to_owned(),
+        };
+        let only_args = [args[0], Arg::Str(&flags)];
+        let (only_keys, only_args) = (&keys[..1], &only_args[..]);
+        let full = Query::Cmd(scripts::RELEASE.evalsha(keys, args));
+        let only = Query::Cmd(scripts::RELEASE.evalsha(only_keys, only_args));
+        let ran = std::sync::atomic::AtomicBool::new(false);
+        let (ran, full, only) = (&ran, &full, &only);
+        let noted = |out: Result<i64, Fault>| {
+            if matches!(&out, Err(e) if e.may_have_run()) {
+                ran.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            out
+        };
+        self.retrying(|limit| async move {
+            let out = noted(
+                self.eval_once(&scripts::RELEASE, full, keys, args, limit)
+                    .await,
+            );
+            let freed = match out {
+                Err(moving) if moving.is_slot_moving() => {
+                    let out = self
+                        .eval_once(&scripts::RELEASE, only, only_keys, only_args, limit)
+                        .await;
+                    match noted(out)? {
+                        2 => return Err(moving),
+                        freed => freed,
+                    }
+                }
+                other => other?,
+            };
+            Ok((freed, ran.load(std::sync::atomic::Ordering::Relaxed)))
+        })
+        .await
     }
 
     /// Release `owner`'s lock: hand it to the first live waiter in its
