@@ -119,12 +119,19 @@ pub(crate) async fn connect(
 /// Connect to a Redis Cluster through any of its nodes, for the lock
 /// scripts. Scripts are not preloaded: a node that lacks one gets it by EVAL
 /// on first use.
+///
+/// The connection sends each command once (`retries(0)`): it still
+/// reconnects and refreshes its slot map on its own, but a command whose
+/// connection broke, or that met `MOVED`, `TRYAGAIN` or `CLUSTERDOWN`,
+/// comes back to `node.rs`, which sends it again knowing it may have run
+/// (and follows an `ASK` itself). So a release that finds its lock absent
+/// on its only send was not preceded by one of its own: the lock vanished.
 async fn connect_node(urls: &[String], settings: NodeSettings) -> Result<RedisNode, Fault> {
     let seeds = endpoint::shown(urls);
     let client = endpoint::cluster(urls, &settings.access)?
         .connection_timeout(settings.connect_timeout)
         .response_timeout(settings.op_timeout)
-        .retries(3)
+        .retries(0)
         .min_retry_wait(50)
         .max_retry_wait(500)
         .build()

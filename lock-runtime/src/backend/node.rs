@@ -197,6 +197,53 @@ async fn send<T: FromRedisValue>(q: &Query, conn: &mut impl Link) -> RedisResult
     }
 }
 
+/// Follow a cluster's `ASK`: `q` once more, behind `ASKING`, to the node
+/// it names. The cluster connection sends nothing twice by itself (see
+/// `cluster.rs`), so this is its one redirect; another `ASK` or a
+/// `TRYAGAIN` there goes back to the caller's loop.
+#[cfg(feature = "cluster")]
+async fn send_asking<T: FromRedisValue>(
+    q: &Query,
+    conn: &mut ClusterConnection,
+    ask: &redis::RedisError,
+) -> RedisResult<T> {
+    use redis::cluster_routing::SingleNodeRoutingInfo;
+    let Some((host, port)) = ask
+        .redirect_node()
+        .and_then(|(addr, _)| addr.rsplit_once(':'))
+        .and_then(|(h, p)| Some((h.to_owned(), p.parse::<u16>().ok()?)))
+    else {
+        return Err(ask.clone());
+    };
+    let mut pipe = Pipeline::new();
+    pipe.cmd("ASKING");
+    let count = match q {
+        Query::Cmd(c) => {
+            pipe.add_command(c.clone());
+            1
+        }
+        Query::Pipe(p) => {
+            for c in p.cmd_iter() {
+                pipe.add_command(c.clone());
+            }
+            p.len()
+        }
+    };
+    let route = SingleNodeRoutingInfo::ByAddress { host, port };
+    let values = conn.route_pipeline(pipe, 1, count, route).await?;
+    let values = values
+        .into_iter()
+        .map(Value::extract_error)
+        .collect::<RedisResult<Vec<Value>>>()?;
+    match q {
+        Query::Cmd(_) => match values.into_iter().next() {
+            Some(v) => Ok(redis::from_redis_value(v)?),
+            None => Err(ask.clone()),
+        },
+        Query::Pipe(_) => Ok(redis::from_redis_value(Value::Array(values))?),
+    }
+}
+
 /// The connection is gone: the next command needs another.
 fn broke(e: &redis::RedisError) -> bool {
     super::fault::connection_broke(e) || e.is_unrecoverable_error()
@@ -483,7 +530,15 @@ impl RedisNode {
             Conn::Single(c) => send(q, &mut c.clone()).await,
             Conn::Lazy(lazy) => send(q, &mut lazy.get().await?).await,
             #[cfg(feature = "cluster")]
-            Conn::Cluster(c) => send(q, &mut c.clone()).await,
+            Conn::Cluster(c) => {
+                let mut c = c.clone();
+                match send(q, &mut c).await {
+                    Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::Ask) => {
+                        Box::pin(send_asking(q, &mut c, &e)).await
+                    }
+                    other => other,
+                }
+            }
         }
     }
 
@@ -969,9 +1024,8 @@ impl RedisNode {
             // a waiter may have taken it since: nothing here says it was
             // lost before.
             _ if repeated => Released::Freed,
-            // The cluster client re-sends a command whose connection broke
-            // on its own, so there an absent lock may be that too.
-            0 if self.is_cluster() => Released::Freed,
+            // (The cluster client sends nothing twice by itself: every
+            // repeat is this node's, and counted above.)
             _ => Released::NotOwner,
         }
     }
