@@ -784,3 +784,50 @@ async fn releasing_a_vanished_lock_is_lost() {
         );
     }
 }
+
+/// An attempt that took a lock mid-migration (on the importing node, by
+/// `ASK`) but whose caller went away before the answer came: its undo meets
+/// the slot on the move and must still land, not leave the lock held for
+/// nobody for its lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undo_mid_migration_leaves_nothing_held() {
+    use tests::cluster::key_slot;
+    tests::init_tracing();
+    let (cluster, proxies) = Cluster::start_behind_proxies(3, 0, 2000);
+    let client = builder()
+        .op_timeout(Duration::from_secs(5))
+        .cluster(cluster.proxy_urls())
+        .await
+        .unwrap();
+    let key = unique("undo-moving");
+    let hash = format!("lock:{{{key}}}");
+    let slot = key_slot(&hash);
+    let from = cluster.slot_owner(slot);
+    let to = (from + 1) % cluster.nodes.len();
+    cluster.fill(from, &key, 200);
+    cluster.begin_migration(slot, from, to);
+    let half: Vec<String> = (0..100).map(|i| format!("{{{key}}}:filler:{i}")).collect();
+    let half: Vec<&str> = half.iter().map(String::as_str).collect();
+    cluster.migrate_keys(from, to, &half);
+
+    // The attempt lands on the importing node; its answer comes 3 s late.
+    proxies[to].slow_connection_of(b"SET", Duration::ZERO, Duration::from_secs(3));
+    let lease = Duration::from_secs(30);
+    let attempt = tokio::time::timeout(
+        Duration::from_secs(1),
+        std::future::IntoFuture::into_future(client.lock(&key).fence(false).lease(lease)),
+    )
+    .await;
+    assert!(attempt.is_err(), "the attempt was answered: {attempt:?}");
+    // Only that answer is late; what follows it on the connection is not.
+    proxies[to].end_slow_spell();
+    let on = |i: usize| !cluster.nodes[i].keys(&hash).is_empty();
+    assert!(
+        tests::eventually(Duration::from_secs(5), || on(to)).await,
+        "the attempt never took the lock: nothing to undo"
+    );
+    // Still mid-migration: the undo lands now, not at the lease's end.
+    let gone = tests::eventually(Duration::from_secs(10), || !on(from) && !on(to)).await;
+    cluster.finish_migration(slot, from, to);
+    assert!(gone, "the lock taken by the undone attempt is still held");
+}
