@@ -714,7 +714,9 @@ async fn a_held_lock_neither_blocks_nor_slows_a_resharding() {
     let first = holder.lock(&early).lease(lease).await.unwrap();
     let moving = reshard(a, b);
     assert!(
-        tests::eventually(Duration::from_secs(10), || cluster.keys_in_slot(b, slot) >= 2000).await,
+        tests::eventually(Duration::from_secs(10), || cluster.keys_in_slot(b, slot)
+            >= 2000)
+        .await,
         "the move did not start"
     );
     for (what, k, g) in [("listed first", &early, first), ("listed last", &key, last)] {

@@ -1298,7 +1298,11 @@ fn cluster_resharding_with_holds() {
         run.longest_move,
         run.alone
     );
-    assert!(run.move_errors.is_empty(), "MIGRATE failed: {:?}", run.move_errors);
+    assert!(
+        run.move_errors.is_empty(),
+        "MIGRATE failed: {:?}",
+        run.move_errors
+    );
     assert!(
         run.report.acquisitions >= 60,
         "only {} acquisitions: the clients hardly ran",
