@@ -17,6 +17,10 @@
 --         it hands on as any release does, but does not record its owner as
 --         <from>, so that the holder's own later release finds the lock
 --         lost instead of taking itself for a re-send of this one
+--         'o' only the lock is declared (a Redis Cluster's slot on the
+--         move, where a call declaring the others is refused): release on
+--         the two paths that touch nothing else, else write nothing and
+--         answer 2
 -- ARGV[3] how long the counter outlives its last use, in ms
 -- Trailing arguments at their default are left out: ARGV[2] 'r', ARGV[3]
 -- 86400000 (see acquire.lua).
@@ -25,7 +29,7 @@
 -- lock to a queued writer, or to the queued readers up to the next writer,
 -- all at once.
 -- Returns 1 released (also: an earlier send of this release handed it
--- over), 0 absent (expired, deleted, or released by an earlier send of
+-- over), 2 not done (flag 'o'), 0 absent (expired, deleted, or released by an earlier send of
 -- this same release), -1 held by another owner.
 local lock, held = KEYS[1], ARGV[1]
 local cur = redis.pcall('get', lock)
@@ -57,6 +61,9 @@ if mine then
     redis.call('publish', lock .. ':released', '')
   end
   return 1
+end
+if string.find(flags, 'o', 1, true) then
+  return 2
 end
 
 local queue = KEYS[3] or lock .. ':queue'

@@ -356,3 +356,81 @@ impl Cluster {
             .map_err(|e| format!("{args:?} on node {i}: {e}"))
     }
 }
+
+/// What [`Cluster::reshard`] saw: how long the move took, and the
+/// `MIGRATE` errors it met on the way (each batch that failed once).
+#[derive(Debug, Default)]
+pub struct Resharded {
+    pub took: Duration,
+    pub errors: Vec<String>,
+}
+
+impl Cluster {
+    /// Move `slot` from `from` to `to` as an operator's resharding does
+    /// (`redis-cli --cluster reshard`): `IMPORTING`/`MIGRATING`, then
+    /// `batch` keys per `MIGRATE`, `pause` apart, until the source has none
+    /// left, then the slot handed to `to` everywhere. A `MIGRATE` that
+    /// fails is noted and the keys are asked for again after `pause`;
+    /// gives up after `limit`.
+    pub fn reshard(
+        &self,
+        slot: u16,
+        (from, to): (usize, usize),
+        batch: usize,
+        pause: Duration,
+        limit: Duration,
+    ) -> Result<Resharded, String> {
+        let began = Instant::now();
+        let mut seen = Resharded::default();
+        self.begin_migration(slot, from, to);
+        let (s, n) = (slot.to_string(), batch.to_string());
+        loop {
+            let keys: Vec<String> = self.try_cmd(from, &["CLUSTER", "GETKEYSINSLOT", &s, &n])?;
+            if keys.is_empty() {
+                break;
+            }
+            let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+            if let Err(e) = self.try_migrate_keys(from, to, &keys) {
+                seen.errors.push(e);
+            }
+            if began.elapsed() > limit {
+                let left: Vec<String> =
+                    self.try_cmd(from, &["CLUSTER", "GETKEYSINSLOT", &s, "10"])?;
+                return Err(format!(
+                    "slot {slot} not moved within {limit:?}: {left:?} still on the source; \
+                     errors: {:?}",
+                    seen.errors
+                ));
+            }
+            std::thread::sleep(pause);
+        }
+        let to_id = self.id(to);
+        for i in [to, from] {
+            let _: () = self.try_cmd(i, &["CLUSTER", "SETSLOT", &s, "NODE", &to_id])?;
+        }
+        for i in (0..self.nodes.len()).filter(|&i| i != to && i != from) {
+            // Replicas refuse; they follow their primary.
+            let _ = self.try_cmd::<()>(i, &["CLUSTER", "SETSLOT", &s, "NODE", &to_id]);
+        }
+        seen.took = began.elapsed();
+        Ok(seen)
+    }
+
+    /// `n` keys `{tag}:filler:<i>` written on node `i` (which must serve
+    /// their slot), 1 000 per `MSET`.
+    pub fn fill(&self, i: usize, tag: &str, n: usize) {
+        let names: Vec<String> = (0..n).map(|j| format!("{{{tag}}}:filler:{j}")).collect();
+        for chunk in names.chunks(1000) {
+            let mut args = vec!["MSET"];
+            for k in chunk {
+                args.extend([k.as_str(), "x"]);
+            }
+            let _: () = self.nodes[i].cmd(&args);
+        }
+    }
+
+    /// How many keys of `slot` node `i` has.
+    pub fn keys_in_slot(&self, i: usize, slot: u16) -> u64 {
+        self.nodes[i].cmd(&["CLUSTER", "COUNTKEYSINSLOT", &slot.to_string()])
+    }
+}

@@ -195,8 +195,7 @@ pub async fn a_forced_release_hands_over(clients: &[LockClient]) -> Duration {
 /// the only one cleared.
 ///
 /// `release_tells`: whether a cleared holder's own release says `Lost`
-/// (not on a Cluster, see
-/// [`a_forced_read_release_hands_to_the_writer`]).
+/// (see [`a_forced_read_release_hands_to_the_writer`]).
 pub async fn a_conditional_release_leaves_a_holder_that_took_over(
     clients: &[LockClient],
     with_readers: bool,
@@ -264,10 +263,9 @@ pub async fn a_conditional_release_leaves_a_holder_that_took_over(
 /// A read-held key cleared while a writer waits: every reader's hold ends,
 /// the writer gets the key, and each reader's release says `Lost`.
 ///
-/// `release_tells`: whether a reader's release alone tells it was lost.
-/// On a Cluster a reader released before its watchdog noticed says `Ok`
-/// (the cluster client re-sends on its own, so an absent hold may be its
-/// own earlier send); there the readers wait for their renewal first.
+/// `release_tells`: whether a reader's release alone tells it was lost
+/// (every deployment now; `false` has the readers wait for their renewal
+/// first).
 pub async fn a_forced_read_release_hands_to_the_writer(
     clients: &[LockClient],
     release_tells: bool,

@@ -91,8 +91,8 @@ async fn cluster() {
     ops::a_read_held_key(&clients).await;
     ops::waiters_of_two_clients(&clients).await;
     ops::a_forced_release_hands_over(&clients).await;
-    ops::a_forced_read_release_hands_to_the_writer(&clients, false).await;
-    ops::a_conditional_release_leaves_a_holder_that_took_over(&clients, true, false).await;
+    ops::a_forced_read_release_hands_to_the_writer(&clients, true).await;
+    ops::a_conditional_release_leaves_a_holder_that_took_over(&clients, true, true).await;
     ops::the_cleared_holder_learns_at_its_renewal(&clients).await;
     ops::listing(&clients).await;
 

@@ -38,14 +38,23 @@ pub(crate) type ClusterBackend = RedisBackend<ShardSubscriber>;
 /// The ends of a hold, which wait out a slot on the move (`TRYAGAIN` for as
 /// long as the slot's keys are split between two nodes) until the lock
 /// would expire by itself at `until`, instead of failing after one
-/// operation timeout and leaving the lock to its lease.
+/// operation timeout and leaving the lock to its lease. Without an `until`
+/// (an undo of an attempt, a grant nobody claims), until the lock's own
+/// expiry, read from the server once a move is met.
 impl ClusterBackend {
     pub(crate) async fn release_until(
         &self,
         name: &LockName,
         owner: &str,
-        until: Instant,
+        until: Option<Instant>,
     ) -> Result<Released, Fault> {
+        let until = match until {
+            Some(until) => until,
+            None => match self.node.release(name, owner, Wake::IfReleased).await {
+                Err(e) if e.is_slot_moving() => self.expiry(name).await.ok_or(e)?,
+                other => return other,
+            },
+        };
         let node = self.node.riding_out_moves(until);
         node.release(name, owner, Wake::IfReleased).await
     }
@@ -57,13 +66,30 @@ impl ClusterBackend {
         fence: u64,
         until: Option<Instant>,
     ) -> Result<Released, Fault> {
-        match until {
-            Some(until) => {
-                let node = self.node.riding_out_moves(until);
-                node.release_writer(name, owner, fence).await
-            }
-            None => self.node.release_writer(name, owner, fence).await,
-        }
+        let until = match until {
+            Some(until) => until,
+            None => match self.node.release_writer(name, owner, fence).await {
+                Err(e) if e.is_slot_moving() => self.expiry(name).await.ok_or(e)?,
+                other => return other,
+            },
+        };
+        let node = self.node.riding_out_moves(until);
+        node.release_writer(name, owner, fence).await
+    }
+
+    /// When the lock `name` expires by itself, as its node says (a single
+    /// key: answered mid-move too); `None` if it has no expiry or cannot be
+    /// read.
+    async fn expiry(&self, name: &LockName) -> Option<Instant> {
+        let mut pttl = redis::cmd("PTTL");
+        pttl.arg(&*name.hash);
+        let asked = Instant::now();
+        let left: i64 = self
+            .node
+            .command(pttl, "reading a lock's expiry")
+            .await
+            .ok()?;
+        (left > 0).then(|| asked + Duration::from_millis(left as u64))
     }
 
     pub(crate) async fn keep_until(
@@ -93,12 +119,19 @@ pub(crate) async fn connect(
 /// Connect to a Redis Cluster through any of its nodes, for the lock
 /// scripts. Scripts are not preloaded: a node that lacks one gets it by EVAL
 /// on first use.
+///
+/// The connection sends each command once (`retries(0)`): it still
+/// reconnects and refreshes its slot map on its own, but a command whose
+/// connection broke, or that met `MOVED`, `TRYAGAIN` or `CLUSTERDOWN`,
+/// comes back to `node.rs`, which sends it again knowing it may have run
+/// (and follows an `ASK` itself). So a release that finds its lock absent
+/// on its only send was not preceded by one of its own: the lock vanished.
 async fn connect_node(urls: &[String], settings: NodeSettings) -> Result<RedisNode, Fault> {
     let seeds = endpoint::shown(urls);
     let client = endpoint::cluster(urls, &settings.access)?
         .connection_timeout(settings.connect_timeout)
         .response_timeout(settings.op_timeout)
-        .retries(3)
+        .retries(0)
         .min_retry_wait(50)
         .max_retry_wait(500)
         .build()

@@ -172,24 +172,21 @@ impl Backend {
 
     /// Release `owner`'s lock, or take it out of the lock's queue.
     /// `until`: when the lock expires by itself (the hold's deadline); a
-    /// Redis Cluster whose slot is on the move is waited out until then.
+    /// Redis Cluster whose slot is on the move is waited out until then
+    /// (without it, until the lock's expiry on the server).
     pub(crate) async fn release(
         &self,
         name: &LockName,
         owner: &Arc<str>,
         until: Option<Instant>,
     ) -> Result<Released, Fault> {
-        #[cfg(feature = "cluster")]
-        if let (Backend::Cluster(b), Some(until)) = (self, until) {
-            return b.release_until(name, owner, until).await;
-        }
         let _ = until;
         // Boxed for the same reason as in `acquire`.
         match self {
             Backend::Memory(b) => b.release(name, owner).await,
             Backend::Redis(b) => b.release(name, owner).await,
             #[cfg(feature = "cluster")]
-            Backend::Cluster(b) => b.release(name, owner).await,
+            Backend::Cluster(b) => b.release_until(name, owner, until).await,
             Backend::Sentinel(b) => Box::pin(b.release(name, owner)).await,
             Backend::Redlock(b) => b.release(name, owner).await,
             #[cfg(test)]

@@ -200,6 +200,53 @@ async fn send<T: FromRedisValue>(q: &Query, conn: &mut impl Link) -> RedisResult
     }
 }
 
+/// Follow a cluster's `ASK`: `q` once more, behind `ASKING`, to the node
+/// it names. The cluster connection sends nothing twice by itself (see
+/// `cluster.rs`), so this is its one redirect; another `ASK` or a
+/// `TRYAGAIN` there goes back to the caller's loop.
+#[cfg(feature = "cluster")]
+async fn send_asking<T: FromRedisValue>(
+    q: &Query,
+    conn: &mut ClusterConnection,
+    ask: &redis::RedisError,
+) -> RedisResult<T> {
+    use redis::cluster_routing::SingleNodeRoutingInfo;
+    let Some((host, port)) = ask
+        .redirect_node()
+        .and_then(|(addr, _)| addr.rsplit_once(':'))
+        .and_then(|(h, p)| Some((h.to_owned(), p.parse::<u16>().ok()?)))
+    else {
+        return Err(ask.clone());
+    };
+    let mut pipe = Pipeline::new();
+    pipe.cmd("ASKING");
+    let count = match q {
+        Query::Cmd(c) => {
+            pipe.add_command(c.clone());
+            1
+        }
+        Query::Pipe(p) => {
+            for c in p.cmd_iter() {
+                pipe.add_command(c.clone());
+            }
+            p.len()
+        }
+    };
+    let route = SingleNodeRoutingInfo::ByAddress { host, port };
+    let values = conn.route_pipeline(pipe, 1, count, route).await?;
+    let values = values
+        .into_iter()
+        .map(Value::extract_error)
+        .collect::<RedisResult<Vec<Value>>>()?;
+    match q {
+        Query::Cmd(_) => match values.into_iter().next() {
+            Some(v) => Ok(redis::from_redis_value(v)?),
+            None => Err(ask.clone()),
+        },
+        Query::Pipe(_) => Ok(redis::from_redis_value(Value::Array(values))?),
+    }
+}
+
 /// The connection is gone: the next command needs another.
 fn broke(e: &redis::RedisError) -> bool {
     super::fault::connection_broke(e) || e.is_unrecoverable_error()
@@ -574,7 +621,15 @@ impl RedisNode {
             Conn::Single(c) => send(q, &mut c.clone()).await,
             Conn::Lazy(lazy) => send(q, &mut lazy.get().await?).await,
             #[cfg(feature = "cluster")]
-            Conn::Cluster(c) => send(q, &mut c.clone()).await,
+            Conn::Cluster(c) => {
+                let mut c = c.clone();
+                match send(q, &mut c).await {
+                    Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::Ask) => {
+                        Box::pin(send_asking(q, &mut c, &e)).await
+                    }
+                    other => other,
+                }
+            }
         }
     }
 
@@ -984,11 +1039,65 @@ impl RedisNode {
         };
         let keys = self.script_keys(name);
         let (keys, mut k) = keys.refs();
-        if !self.is_cluster() && !name.prefix().contains('{') {
+        if self.is_cluster() {
+            return self.run_release_moving(&keys[..k], &args[..n]).await;
+        }
+        if !name.prefix().contains('{') {
             k = 1;
         }
         self.eval_noting_repeats(&scripts::RELEASE, &keys[..k], &args[..n])
             .await
+    }
+
+    /// [`run_release`](Self::run_release) on a Redis Cluster. While the
+    /// lock's slot is on the move, a call declaring all five keys is
+    /// refused (`TRYAGAIN`) until the move ends, and the move may outlast
+    /// the lease. Each such refusal is followed by the same call declaring
+    /// only the lock (flag `o`), which the cluster runs on whichever node
+    /// has it: a hold nobody waits behind is released at once, mid-move;
+    /// anything more (a queue to hand over to, an entry to withdraw) is
+    /// left untouched (`2`) for the whole call once the slot settles.
+    async fn run_release_moving(
+        &self,
+        keys: &[&str],
+        args: &[Arg<'_>],
+    ) -> Result<(i64, bool), Fault> {
+        let flags = match args.get(1) {
+            Some(Arg::Str(f)) => format!("{f}o"),
+            _ => "sro".to_owned(),
+        };
+        let only_args = [args[0], Arg::Str(&flags)];
+        let (only_keys, only_args) = (&keys[..1], &only_args[..]);
+        let full = Query::Cmd(scripts::RELEASE.evalsha(keys, args));
+        let only = Query::Cmd(scripts::RELEASE.evalsha(only_keys, only_args));
+        let ran = std::sync::atomic::AtomicBool::new(false);
+        let (ran, full, only) = (&ran, &full, &only);
+        let noted = |out: Result<i64, Fault>| {
+            if matches!(&out, Err(e) if e.may_have_run()) {
+                ran.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            out
+        };
+        self.retrying(|limit| async move {
+            let out = noted(
+                self.eval_once(&scripts::RELEASE, full, keys, args, limit)
+                    .await,
+            );
+            let freed = match out {
+                Err(moving) if moving.is_slot_moving() => {
+                    let out = self
+                        .eval_once(&scripts::RELEASE, only, only_keys, only_args, limit)
+                        .await;
+                    match noted(out)? {
+                        2 => return Err(moving),
+                        freed => freed,
+                    }
+                }
+                other => other?,
+            };
+            Ok((freed, ran.load(std::sync::atomic::Ordering::Relaxed)))
+        })
+        .await
     }
 
     /// Release `owner`'s lock: hand it to the first live waiter in its
@@ -1022,9 +1131,8 @@ impl RedisNode {
             // a waiter may have taken it since: nothing here says it was
             // lost before.
             _ if repeated => Released::Freed,
-            // The cluster client re-sends a command whose connection broke
-            // on its own, so there an absent lock may be that too.
-            0 if self.is_cluster() => Released::Freed,
+            // (The cluster client sends nothing twice by itself: every
+            // repeat is this node's, and counted above.)
             _ => Released::NotOwner,
         }
     }

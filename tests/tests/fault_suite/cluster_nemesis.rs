@@ -1,6 +1,7 @@
 //! A Redis Cluster under load while the slots of its locks migrate back
 //! and forth between primaries, by hand and held half moved (so that every
-//! lock script meets `TRYAGAIN` for a while), under the history checker.
+//! lock script meets `TRYAGAIN` for a while), or whole as an operator's
+//! resharding moves them, under the history checker.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -32,12 +33,34 @@ const READ_PCT: u32 = 25;
 /// One op in this many holds for 1–3 s: renewals cross migrations.
 const LONG_HOLD_ONE_IN: u32 = 25;
 
+/// How the nemesis moves a slot.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Moves {
+    /// By hand: part of its keys, held so for a while, then the rest.
+    HeldHalf,
+    /// As an operator's resharding does (`redis-cli --cluster reshard`):
+    /// every key, `RESHARD_BATCH` per `MIGRATE`, `RESHARD_PAUSE` apart,
+    /// through the locks held there; each slot holds `RESHARD_FILLERS`
+    /// other keys.
+    Resharding,
+}
+
+const RESHARD_FILLERS: usize = 2_000;
+const RESHARD_BATCH: usize = 100;
+const RESHARD_PAUSE: Duration = Duration::from_millis(50);
+
 /// What the run did, besides the checker's report.
 pub(crate) struct ClusterRun {
     pub(crate) report: Report,
     pub(crate) migrations: u64,
     /// Longest time a slot was held half moved.
     pub(crate) longest_mixed: Duration,
+    /// `Moves::Resharding`: the same move with no client running (before
+    /// they start), and the longest one under load.
+    pub(crate) alone: Duration,
+    pub(crate) longest_move: Duration,
+    /// `MIGRATE`s that failed (a key on both nodes, say).
+    pub(crate) move_errors: Vec<String>,
     pub(crate) release_failures: u64,
     pub(crate) leftover: Vec<String>,
 }
@@ -46,8 +69,12 @@ pub(crate) struct ClusterRun {
 /// move between primaries: begin, move part of the slot's keys, hold that
 /// (the first time for 2 × `op_timeout` + 0.5 s, then 0.3–3 s, up to 5 s
 /// with `FAULT_FULL`), then the rest and the hand over. Runs for `run_for`, then lets the last migration finish.
-pub(crate) fn run(run_for: Duration) -> ClusterRun {
+pub(crate) fn run(run_for: Duration, moves: Moves) -> ClusterRun {
     let cluster = Cluster::start(PRIMARIES, 0, 2000);
+    let fillers = match moves {
+        Moves::HeldHalf => FILLERS,
+        Moves::Resharding => RESHARD_FILLERS,
+    };
     let rt = tokio::runtime::Runtime::new().unwrap();
     let keys: Vec<String> = {
         let mut slots = std::collections::HashSet::new();
@@ -59,11 +86,31 @@ pub(crate) fn run(run_for: Duration) -> ClusterRun {
     };
     for k in &keys {
         let owner = cluster.slot_owner(key_slot(&format!("lock:{{{k}}}")));
-        for i in 0..FILLERS {
-            let f = format!("{{{k}}}:filler:{i}");
-            let _: () = cluster.nodes[owner].cmd(&["SET", &f, "x"]);
-        }
+        cluster.fill(owner, k, fillers);
     }
+    let reshard = |slot: u16, from: usize, to: usize| {
+        cluster
+            .reshard(
+                slot,
+                (from, to),
+                RESHARD_BATCH,
+                RESHARD_PAUSE,
+                Duration::from_secs(60),
+            )
+            .unwrap_or_else(|e| panic!("resharding slot {slot}: {e}"))
+    };
+    // The move alone, there and back, before any client runs.
+    let alone = if moves == Moves::Resharding {
+        let slot = key_slot(&format!("lock:{{{}}}", keys[0]));
+        let from = cluster.slot_owner(slot);
+        let to = (from + 1) % PRIMARIES;
+        let there = reshard(slot, from, to);
+        let back = reshard(slot, to, from);
+        assert!(there.errors.is_empty() && back.errors.is_empty());
+        there.took.max(back.took)
+    } else {
+        Duration::ZERO
+    };
     let clients: Vec<LockClient> = (0..CLIENTS)
         .map(|_| {
             rt.block_on(LockClient::builder().cluster(cluster.urls()))
@@ -102,12 +149,22 @@ pub(crate) fn run(run_for: Duration) -> ClusterRun {
     let started = Instant::now();
     let mut migrations = 0;
     let mut longest_mixed = Duration::ZERO;
+    let mut longest_move = Duration::ZERO;
+    let mut move_errors = Vec::new();
     let most_mixed = if full() { 5_000 } else { 3_000 };
     while started.elapsed() < run_for {
         std::thread::sleep(rand_ms(200, 1_000));
         let i = fastrand::usize(..slots.len());
         let (slot, from) = (slots[i], owners[i]);
         let to = (from + 1 + fastrand::usize(..PRIMARIES - 1)) % PRIMARIES;
+        if moves == Moves::Resharding {
+            let done = reshard(slot, from, to);
+            longest_move = longest_move.max(done.took);
+            move_errors.extend(done.errors);
+            owners[i] = to;
+            migrations += 1;
+            continue;
+        }
         cluster.begin_migration(slot, from, to);
         let s = slot.to_string();
         let now_there: Vec<String> =
@@ -180,19 +237,33 @@ pub(crate) fn run(run_for: Duration) -> ClusterRun {
         "ran for".into(),
         format!(
             "{:.1} s, {CLIENTS} clients x {TASKS_PER_CLIENT} tasks on {KEYS} keys (a slot each, \
-             {FILLERS} other keys there); {PRIMARIES} primaries; lease {LEASE:?}, wait {WAIT:?}, \
+             {fillers} other keys there); {PRIMARIES} primaries; lease {LEASE:?}, wait {WAIT:?}, \
              {READ_PCT} % readers, one hold in {LONG_HOLD_ONE_IN} 1-3 s",
             started.elapsed().as_secs_f64()
         ),
     ));
-    report.extra.push((
-        "slot migrations".into(),
-        format!("{migrations}, each held half moved up to {longest_mixed:?}"),
-    ));
+    report.extra.push(match moves {
+        Moves::HeldHalf => (
+            "slot migrations".into(),
+            format!("{migrations}, each held half moved up to {longest_mixed:?}"),
+        ),
+        Moves::Resharding => (
+            "reshardings".into(),
+            format!(
+                "{migrations} of {fillers} keys + the locks' ({RESHARD_BATCH} per MIGRATE, \
+                 {RESHARD_PAUSE:?} apart): longest {longest_move:?} under load, {alone:?} alone; \
+                 {} MIGRATE errors",
+                move_errors.len()
+            ),
+        ),
+    });
     ClusterRun {
         report,
         migrations,
         longest_mixed,
+        alone,
+        longest_move,
+        move_errors,
         release_failures: release_failures.load(Ordering::Relaxed),
         leftover,
     }

@@ -58,8 +58,8 @@ impl RedisNode {
     ) -> Result<bool, Fault> {
         let (ended, repeated) = self.run_release(name, (owner, None), wake, true).await?;
         // As for any release: an earlier send whose reply was lost may have
-        // ended it (on a cluster the client also re-sends on its own).
-        Ok(ended == 1 || repeated || (ended == 0 && self.is_cluster()))
+        // ended it.
+        Ok(ended == 1 || repeated)
     }
 
     /// End every hold of the lock on this server: each holder's release,
