@@ -24,6 +24,14 @@ pub(crate) enum Fault {
     Other(String),
     /// Settings the backend cannot use (a bad URL, too few nodes).
     Config(String),
+    /// A database engine's error (PostgreSQL), already described: whether
+    /// the statement may have run, and whether trying again may help.
+    Sql {
+        context: String,
+        message: String,
+        may_have_run: bool,
+        transient: bool,
+    },
 }
 
 impl Fault {
@@ -53,6 +61,7 @@ impl Fault {
             Fault::Redis { source, .. } => transient(source),
             Fault::Timeout { .. } | Fault::Other(_) => true,
             Fault::Config(_) => false,
+            Fault::Sql { transient, .. } => *transient,
         }
     }
 
@@ -75,6 +84,7 @@ impl Fault {
             }
             Fault::Timeout { .. } => true,
             Fault::Other(_) | Fault::Config(_) => false,
+            Fault::Sql { may_have_run, .. } => *may_have_run,
         }
     }
 }
@@ -91,6 +101,9 @@ impl fmt::Display for Fault {
             }
             Fault::Other(m) => f.write_str(m),
             Fault::Config(m) => write!(f, "invalid lock client configuration: {m}"),
+            Fault::Sql {
+                context, message, ..
+            } => write!(f, "{context}: {message}"),
         }
     }
 }
@@ -106,6 +119,9 @@ impl From<Fault> for LockError {
             }
             Fault::Other(m) => LockError::Backend(BackendError::Other(m)),
             Fault::Config(m) => LockError::Config(m),
+            Fault::Sql {
+                context, message, ..
+            } => LockError::Backend(BackendError::Other(format!("{context}: {message}"))),
         }
     }
 }

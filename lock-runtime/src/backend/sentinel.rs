@@ -225,7 +225,7 @@ fn may_have_moved(e: &Fault) -> bool {
                 || matches!(source.code(), Some("READONLY" | "MASTERDOWN" | "LOADING"))
         }
         Fault::Timeout { .. } | Fault::Other(_) => true,
-        Fault::Config(_) => false,
+        Fault::Config(_) | Fault::Sql { .. } => false,
     }
 }
 
