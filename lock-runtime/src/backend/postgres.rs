@@ -222,7 +222,7 @@ impl PostgresBackend {
         let out = self
             .pool
             .query(
-                pool::POOL_SIZE - 1,
+                self.pool.open_route(pool::POOL_SIZE - 1),
                 "renewing locks",
                 "SELECT lock_renew_v1($1, $2, $3)",
                 &[
