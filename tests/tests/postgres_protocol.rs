@@ -467,3 +467,33 @@ async fn through_pgbouncer_in_transaction_mode() {
         t.await.unwrap();
     }
 }
+
+/// `connect_lazy` sends nothing: built while the server is down, a lock
+/// fails within its wait with a Backend error, and once the server is up
+/// the same client locks (creating the tables then).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lazy_client_waits_for_its_server() {
+    let port = tests::free_port();
+    let url = format!("postgres://postgres@127.0.0.1:{port}/postgres");
+    let client = LockClient::builder()
+        .connect_timeout(Duration::from_millis(500))
+        .op_timeout(Duration::from_millis(500))
+        .connect_lazy(&url)
+        .unwrap();
+    let t = Instant::now();
+    let err = client
+        .lock("lazy")
+        .wait(Duration::from_secs(1))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::Backend(_)), "{err:?}");
+    assert!(
+        t.elapsed() < Duration::from_secs(4),
+        "took {:?}",
+        t.elapsed()
+    );
+    let _server = PostgresServer::options().port(port).start();
+    let guard = client.lock("lazy").await.unwrap();
+    assert!(guard.fence() > 0);
+    guard.release().await.unwrap();
+}
