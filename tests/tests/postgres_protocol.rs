@@ -497,3 +497,32 @@ async fn a_lazy_client_waits_for_its_server() {
     assert!(guard.fence() > 0);
     guard.release().await.unwrap();
 }
+
+/// A crash of the server (immediate stop, then start) within a lease: the
+/// hold is a committed row, so it is still held and renewed after it, and
+/// the next token of the key is above every earlier one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_lock_and_its_tokens_survive_a_crash() {
+    let mut server = PostgresServer::options().durable().start();
+    let url = server.url();
+    let client = LockClient::connect(&url).await.unwrap();
+    let key = unique("crash");
+    let guard = client
+        .lock(&key)
+        .lease(Duration::from_secs(6))
+        .await
+        .unwrap();
+    let before = guard.fence();
+    server.stop_immediate();
+    server.start_again();
+    let other = LockClient::connect(&url).await.unwrap();
+    let busy = other.lock(&key).wait(Duration::ZERO).await;
+    assert!(matches!(busy, Err(LockError::Timeout { .. })), "{busy:?}");
+    // Past the first renewals after the restart.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!guard.is_lost());
+    guard.release().await.expect("held across the crash");
+    let next = other.lock(&key).await.unwrap();
+    assert!(next.fence() > before);
+    next.release().await.unwrap();
+}
