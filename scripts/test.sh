@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Runs the whole test suite against real Redis processes, then the
 # Redis-semantics, round-trip, read-write and operations tests, and the
-# model's Lua host, once more against Valkey. Installs the server binaries
-# it needs (Debian/Ubuntu, as root) when they are missing. Arguments go to
-# every `cargo test` (e.g. `-- --nocapture`).
+# model's Lua host, once more against Valkey. The PostgreSQL engine's test
+# binaries (`postgres_*`, and the Postgres scenarios of the fault suite)
+# start their own throwaway `postgres` and `pgbouncer` processes. Installs
+# the server binaries it needs (Debian/Ubuntu, as root) when they are
+# missing. Arguments go to every `cargo test` (e.g. `-- --nocapture`).
 #
 # One build serves every step: every cargo command selects the whole
 # workspace (a narrower selection unifies other features and builds again),
@@ -21,6 +23,7 @@ cd "$(dirname "$0")/.."
 
 scripts/install-redis.sh
 scripts/install-valkey.sh
+scripts/install-postgres.sh
 
 cargo test --workspace --no-run "$@"
 

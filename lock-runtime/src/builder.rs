@@ -186,8 +186,26 @@ impl LockClientBuilder {
         self.checked()
     }
 
-    /// Connect to one Redis server.
+    /// PostgreSQL only: open the client's listening connection (`LISTEN`,
+    /// how a waiter hears that a release handed it the lock) to `url`
+    /// instead of the URL given to `connect`. For a pooler in transaction
+    /// mode, such as PgBouncer's, which does not pass notifications: lock
+    /// calls go through the pooler, and this one connection per client goes
+    /// to the server itself. Without it behind such a pooler, waiters
+    /// still get the lock, by asking again at `retry_delay`.
+    #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+    pub fn listen_url(mut self, url: impl Into<String>) -> Self {
+        self.config.listen_url = Some(url.into());
+        self
+    }
+
+    /// Connect to one Redis server (`redis://`, `rediss://`), or with the
+    /// `postgres` feature to PostgreSQL (`postgres://`, `postgresql://`).
     pub async fn connect(self, url: &str) -> Result<LockClient, LockError> {
+        if postgres_url(url) {
+            return self.connect_postgres(url).await;
+        }
         let url = url.to_owned();
         start(
             self.without_acks("connect")?,
@@ -203,6 +221,9 @@ impl LockClientBuilder {
     /// One Redis server, connected on first use: see
     /// [`LockClient::connect_lazy`]. Settings and the URL are checked here.
     pub fn connect_lazy(self, url: &str) -> Result<LockClient, LockError> {
+        if postgres_url(url) {
+            return self.connect_postgres_lazy(url);
+        }
         let config = self.without_acks("connect_lazy")?;
         let io = Io::start()?;
         crate::metrics::describe();
@@ -320,6 +341,67 @@ impl LockClientBuilder {
     pub fn memory_with_control(self) -> Result<(LockClient, MemoryControl), LockError> {
         Ok(memory(self.without_acks("memory")?))
     }
+}
+
+#[cfg(feature = "postgres")]
+impl LockClientBuilder {
+    async fn connect_postgres(self, url: &str) -> Result<LockClient, LockError> {
+        use crate::backend::postgres::PostgresBackend;
+        let url = url.to_owned();
+        start(self.without_acks("connect")?, |config, settings, io| {
+            let listen = config.listen_url.clone();
+            async move {
+                PostgresBackend::connect(&url, listen.as_deref(), settings, io)
+                    .await
+                    .map(|b| Backend::Postgres(Box::new(b)))
+            }
+        })
+        .await
+    }
+
+    fn connect_postgres_lazy(self, url: &str) -> Result<LockClient, LockError> {
+        use crate::backend::postgres::PostgresBackend;
+        let config = self.without_acks("connect_lazy")?;
+        let io = Io::start()?;
+        crate::metrics::describe();
+        let backend = PostgresBackend::connect_lazy(
+            url,
+            config.listen_url.as_deref(),
+            config.node_settings(),
+            io.handle(),
+        )?;
+        Ok(LockClient::from_parts(
+            config,
+            Backend::Postgres(Box::new(backend)),
+            io,
+        ))
+    }
+}
+
+#[cfg(not(feature = "postgres"))]
+impl LockClientBuilder {
+    async fn connect_postgres(self, _url: &str) -> Result<LockClient, LockError> {
+        Err(no_postgres())
+    }
+
+    fn connect_postgres_lazy(self, _url: &str) -> Result<LockClient, LockError> {
+        Err(no_postgres())
+    }
+}
+
+#[cfg(not(feature = "postgres"))]
+fn no_postgres() -> LockError {
+    LockError::Config(
+        "a postgres:// URL needs lock-runtime's `postgres` feature, which this build does not have"
+            .into(),
+    )
+}
+
+/// Whether `url` names a PostgreSQL server (`postgres://`, `postgresql://`).
+fn postgres_url(url: &str) -> bool {
+    url.split_once("://").is_some_and(|(scheme, _)| {
+        scheme.eq_ignore_ascii_case("postgres") || scheme.eq_ignore_ascii_case("postgresql")
+    })
 }
 
 /// An in-memory client; its background work runs on the caller's runtime.
@@ -582,6 +664,46 @@ impl Deployment {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const PG_URLS: [&str; 3] = [
+        "postgres://app@db.internal:5432/shop",
+        "postgresql://db.internal/shop",
+        "POSTGRES://db.internal/shop",
+    ];
+
+    #[cfg(not(feature = "postgres"))]
+    #[tokio::test]
+    async fn a_postgres_url_without_the_feature_is_a_config_error_naming_it() {
+        let names_it =
+            |e: &LockError| matches!(e, LockError::Config(m) if m.contains("`postgres` feature"));
+        for url in PG_URLS {
+            let err = LockClient::connect(url).await.unwrap_err();
+            assert!(names_it(&err), "{url}: {err:?}");
+            let err = LockClient::connect_lazy(url).unwrap_err();
+            assert!(names_it(&err), "{url}: {err:?}");
+            let err = LockClient::builder().connect(url).await.unwrap_err();
+            assert!(names_it(&err), "{url}: {err:?}");
+        }
+    }
+
+    #[cfg(feature = "postgres")]
+    #[test]
+    fn a_postgres_url_picks_the_postgres_engine() {
+        for url in PG_URLS {
+            let client = LockClient::connect_lazy(url).expect(url);
+            assert!(
+                matches!(&*client.inner.backend, Backend::Postgres(_)),
+                "{url}"
+            );
+        }
+        let err = LockClient::connect_lazy("postgres://db/shop?sslmode=require").unwrap_err();
+        assert!(
+            matches!(&err, LockError::Config(m) if m.contains("sslmode")),
+            "{err:?}"
+        );
+        let err = LockClient::connect_lazy("postgres://db:notaport/shop").unwrap_err();
+        assert!(matches!(err, LockError::Config(_)), "{err:?}");
+    }
 
     fn from(vars: &[(&str, &str)]) -> Result<Deployment, LockError> {
         Deployment::from_env(|k| {

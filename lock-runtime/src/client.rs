@@ -89,6 +89,10 @@ pub(crate) struct Config {
     pub(crate) access: Access,
     /// How long a token counter outlives its last use.
     pub(crate) fence_ttl: Duration,
+    /// PostgreSQL: where the listening connection goes, if not to the
+    /// URL's server (a pooler in transaction mode does not pass `LISTEN`).
+    #[cfg(feature = "postgres")]
+    pub(crate) listen_url: Option<String>,
 }
 
 impl Default for Config {
@@ -104,6 +108,8 @@ impl Default for Config {
             replica_acks: None,
             access: Access::default(),
             fence_ttl: Duration::from_secs(24 * 3600),
+            #[cfg(feature = "postgres")]
+            listen_url: None,
         }
     }
 }

@@ -1,5 +1,5 @@
 //! Test harness: real `redis-server` processes on free ports, which tests
-//! can kill, pause, resume and restart.
+//! can kill, pause, resume and restart (and `postgres` ones: [`postgres`]).
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -11,6 +11,7 @@ pub mod fenced;
 pub mod global;
 pub mod history;
 pub mod operations;
+pub mod postgres;
 pub mod proxy;
 pub mod read_write;
 pub mod reply_loss;

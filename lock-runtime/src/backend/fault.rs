@@ -29,6 +29,15 @@ pub(crate) enum Fault {
     Unavailable(String),
     /// Settings the backend cannot use (a bad URL, too few nodes).
     Config(String),
+    /// A database engine's error (PostgreSQL), already described: whether
+    /// the statement may have run, and whether trying again may help.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    Sql {
+        context: String,
+        message: String,
+        may_have_run: bool,
+        transient: bool,
+    },
 }
 
 impl Fault {
@@ -62,6 +71,7 @@ impl Fault {
             Fault::Redis { source, .. } => transient(source),
             Fault::Timeout { .. } | Fault::Other(_) | Fault::Unavailable(_) => true,
             Fault::Config(_) => false,
+            Fault::Sql { transient, .. } => *transient,
         }
     }
 
@@ -75,6 +85,12 @@ impl Fault {
             Fault::Redis { source, .. } => self.may_have_run() || source.code().is_some(),
             Fault::Timeout { .. } | Fault::Unavailable(_) => true,
             Fault::Other(_) | Fault::Config(_) => false,
+            // A server's error reply (not a broken or refused connection).
+            Fault::Sql {
+                may_have_run,
+                transient,
+                ..
+            } => *may_have_run || !*transient,
         }
     }
 
@@ -97,6 +113,7 @@ impl Fault {
             }
             Fault::Timeout { .. } => true,
             Fault::Other(_) | Fault::Unavailable(_) | Fault::Config(_) => false,
+            Fault::Sql { may_have_run, .. } => *may_have_run,
         }
     }
 }
@@ -113,6 +130,9 @@ impl fmt::Display for Fault {
             }
             Fault::Other(m) | Fault::Unavailable(m) => f.write_str(m),
             Fault::Config(m) => write!(f, "invalid lock client configuration: {m}"),
+            Fault::Sql {
+                context, message, ..
+            } => write!(f, "{context}: {message}"),
         }
     }
 }
@@ -128,6 +148,9 @@ impl From<Fault> for LockError {
             }
             Fault::Other(m) | Fault::Unavailable(m) => LockError::Backend(BackendError::Other(m)),
             Fault::Config(m) => LockError::Config(m),
+            Fault::Sql {
+                context, message, ..
+            } => LockError::Backend(BackendError::Other(format!("{context}: {message}"))),
         }
     }
 }

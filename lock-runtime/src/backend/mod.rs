@@ -16,6 +16,8 @@ pub(crate) mod endpoint;
 pub(crate) mod fault;
 pub(crate) mod memory;
 pub(crate) mod node;
+#[cfg(feature = "postgres")]
+pub(crate) mod postgres;
 pub(crate) mod pubsub;
 pub(crate) mod redis;
 pub(crate) mod redlock;
@@ -125,6 +127,9 @@ pub(crate) enum Backend {
     Cluster(cluster::ClusterBackend),
     Sentinel(sentinel::SentinelBackend),
     Redlock(redlock::RedlockBackend),
+    /// One PostgreSQL server (feature `postgres`).
+    #[cfg(feature = "postgres")]
+    Postgres(Box<postgres::PostgresBackend>),
     /// A stand-in for unit tests of the protocol around the backend.
     #[cfg(test)]
     Fake(std::sync::Arc<dyn fake::Fake>),
@@ -140,6 +145,8 @@ macro_rules! each {
             Backend::Cluster($x) => $call,
             Backend::Sentinel($x) => $call,
             Backend::Redlock($x) => $call,
+            #[cfg(feature = "postgres")]
+            Backend::Postgres($x) => $call,
             #[cfg(test)]
             Backend::Fake($f) => $fake,
         }
@@ -165,6 +172,8 @@ impl Backend {
             Backend::Cluster(b) => b.acquire(name, owner, lease, queue).await,
             Backend::Sentinel(b) => Box::pin(b.acquire(name, owner, lease, queue)).await,
             Backend::Redlock(b) => b.acquire(name, owner, lease, queue).await,
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(b) => b.acquire(name, owner, lease, queue).await,
             #[cfg(test)]
             Backend::Fake(_) => Err(Fault::other("not used")),
         }
@@ -189,6 +198,8 @@ impl Backend {
             Backend::Cluster(b) => b.release_until(name, owner, until).await,
             Backend::Sentinel(b) => Box::pin(b.release(name, owner)).await,
             Backend::Redlock(b) => b.release(name, owner).await,
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(b) => b.release(name, owner).await,
             #[cfg(test)]
             Backend::Fake(_) => Err(Fault::other("not used")),
         }
@@ -308,6 +319,8 @@ impl Backend {
             Backend::Cluster(b) => b.still_queued(name, owner).await,
             Backend::Sentinel(b) => b.still_queued(name, owner).await,
             Backend::Redlock(_) => Ok(true),
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(b) => b.still_queued(name, owner).await,
             #[cfg(test)]
             Backend::Fake(_) => Ok(true),
         }

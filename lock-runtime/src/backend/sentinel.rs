@@ -252,7 +252,7 @@ fn may_have_moved(e: &Fault) -> bool {
                 || matches!(source.code(), Some("READONLY" | "MASTERDOWN" | "LOADING"))
         }
         Fault::Timeout { .. } | Fault::Other(_) | Fault::Unavailable(_) => true,
-        Fault::Config(_) => false,
+        Fault::Config(_) | Fault::Sql { .. } => false,
     }
 }
 

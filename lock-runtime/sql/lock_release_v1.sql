@@ -1,0 +1,52 @@
+-- End one hold of p_owner, or take p_owner out of the queue (a waiter that
+-- gives up, an attempt taken back), and serve the queue: the first live
+-- waiters get the lock in this same statement and are told by NOTIFY
+-- (lock_serve_v1), only when someone waits.
+-- Returns 1 released (also: an earlier send of this release handed the lock
+-- over), 0 absent (lapsed, removed, or released by an earlier send), -1 held
+-- by others.
+-- p_forced: an operator's release run as the holder: it serves the queue as
+-- any release does but is not recorded as the one that handed over, so that
+-- the holder's own later release finds the lock lost; p_owner may then be a
+-- hold left to its min_hold ("<owner>!", as inspect shows it).
+-- Reads and writes lock_fences (the name's row, locked first), lock_holders,
+-- lock_waiters. Safe to send twice: the second send finds the hold gone (0),
+-- or handed over by this owner (1).
+CREATE OR REPLACE FUNCTION lock_release_v1(p_name text, p_owner text, p_forced boolean)
+RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    v_now   timestamptz := clock_timestamp();
+    v_owner text := p_owner;
+    v_kept  boolean := false;
+    v_end   timestamptz;
+    v_kind  "char";
+BEGIN
+    PERFORM 1 FROM lock_fences WHERE name = p_name FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN 0;
+    END IF;
+    IF p_forced AND right(p_owner, 1) = '!' THEN
+        v_owner := left(p_owner, -1);
+        v_kept := true;
+    END IF;
+    DELETE FROM lock_holders WHERE name = p_name AND owner = v_owner AND kept = v_kept
+    RETURNING lease_end INTO v_end;
+    IF FOUND THEN
+        PERFORM lock_serve_v1(p_name, v_now, CASE WHEN p_forced THEN NULL ELSE v_owner END);
+        RETURN CASE WHEN v_end > v_now THEN 1 ELSE 0 END;
+    END IF;
+    DELETE FROM lock_waiters WHERE name = p_name AND owner = v_owner RETURNING kind INTO v_kind;
+    IF FOUND AND v_kind = 'w' THEN
+        -- Readers queued only behind this writer join the readers now.
+        PERFORM lock_serve_v1(p_name, v_now, NULL);
+    END IF;
+    IF NOT p_forced AND EXISTS (
+        SELECT 1 FROM lock_holders WHERE name = p_name AND handed_by = v_owner) THEN
+        RETURN 1;
+    END IF;
+    IF EXISTS (SELECT 1 FROM lock_holders WHERE name = p_name AND lease_end > v_now) THEN
+        RETURN -1;
+    END IF;
+    RETURN 0;
+END
+$$;

@@ -1,0 +1,15 @@
+-- The watchdog's tick: extend every hold in the batch (names, owners and
+-- leases in ms, as three arrays of one length) by its lease from now, in
+-- one statement. Returns the 1-based positions of the holds it extended;
+-- a hold not among them is gone (lapsed, released, or forced out).
+-- Writes lease_end of live, not kept lock_holders rows only: no index
+-- covers it, so each is a HOT update. Safe to send twice: a second send
+-- sets the same leases again from its own now.
+CREATE OR REPLACE FUNCTION lock_renew_v1(p_names text[], p_owners text[], p_leases_ms bigint[])
+RETURNS SETOF bigint LANGUAGE sql AS $$
+    UPDATE lock_holders h
+       SET lease_end = clock_timestamp() + u.lease_ms * interval '1 millisecond'
+      FROM unnest(p_names, p_owners, p_leases_ms) WITH ORDINALITY AS u(name, owner, lease_ms, i)
+     WHERE h.name = u.name AND h.owner = u.owner AND NOT h.kept AND h.lease_end > clock_timestamp()
+    RETURNING u.i;
+$$;

@@ -1,0 +1,223 @@
+//! A few connections to one PostgreSQL server, shared by every lock of a
+//! client: nothing per held lock, nothing per waiter. A call goes over the
+//! connection its lock name picks, so the calls of one lock stay in order
+//! (an undo never overtakes the attempt it takes back); tokio-postgres
+//! pipelines the calls of many locks on one connection.
+//!
+//! Each call is one statement, `SELECT` of a lock function, typed and
+//! unnamed (`query_typed`): no prepared statement outlives it, so a pooler
+//! in transaction mode passes it. A call whose connection broke is sent
+//! again on a new one while the operation timeout lasts: every function
+//! is safe to run twice.
+
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::runtime::Handle;
+use tokio::time::Instant;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{Client, NoTls, Row};
+
+use super::errors::{connect_fault, describe, sql_fault};
+use super::schema;
+use crate::backend::fault::Fault;
+use crate::backend::node::NodeSettings;
+
+/// Connections per client (the listening one comes on top).
+pub(crate) const POOL_SIZE: usize = 4;
+
+/// First pause before a broken call is sent again.
+const RETRY_PAUSE: Duration = Duration::from_millis(20);
+
+/// One typed parameter of a statement.
+pub(crate) type Param<'a> = (&'a (dyn ToSql + Sync), Type);
+
+pub(crate) struct Pool {
+    pub(crate) config: tokio_postgres::Config,
+    slots: Vec<Slot>,
+    pub(crate) settings: NodeSettings,
+    /// Where the connections' tasks run: the client's I/O runtime.
+    io: Handle,
+    /// The schema was found or created (once per client).
+    installed: tokio::sync::OnceCell<()>,
+    /// `host:port/db`, for messages.
+    pub(crate) addr: String,
+}
+
+#[derive(Default)]
+struct Slot {
+    conn: Mutex<Option<Arc<Client>>>,
+    /// One connect at a time per slot.
+    gate: tokio::sync::Mutex<()>,
+}
+
+impl Pool {
+    pub(crate) fn new(config: tokio_postgres::Config, settings: NodeSettings, io: Handle) -> Pool {
+        let addr = describe(&config);
+        Pool {
+            config,
+            slots: (0..POOL_SIZE).map(|_| Slot::default()).collect(),
+            settings,
+            io,
+            installed: tokio::sync::OnceCell::new(),
+            addr,
+        }
+    }
+
+    /// The connection a lock name's calls go over.
+    pub(crate) fn route(name: &str) -> usize {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        name.hash(&mut h);
+        (h.finish() % POOL_SIZE as u64) as usize
+    }
+
+    /// Open the connections now (and create the schema): `connect` fails
+    /// here, not at the first lock, and no renewal waits for a connection
+    /// (with its authentication) while its lease runs.
+    pub(crate) async fn warm(&self) -> Result<(), Fault> {
+        let deadline = Instant::now() + self.settings.connect_timeout + self.settings.op_timeout;
+        self.client(0, deadline).await?;
+        let rest = (1..POOL_SIZE).map(|i| self.client(i, deadline));
+        for opened in futures_util::future::join_all(rest).await {
+            opened?;
+        }
+        Ok(())
+    }
+
+    /// A connection that is open now, if any (else `fallback`): for a call
+    /// that no other call must be ordered with, such as a renewal round.
+    pub(crate) fn open_route(&self, fallback: usize) -> usize {
+        (0..POOL_SIZE)
+            .map(|i| (fallback + i) % POOL_SIZE)
+            .find(|&i| {
+                self.slots[i]
+                    .conn
+                    .lock()
+                    .unwrap()
+                    .as_ref()
+                    .is_some_and(|c| !c.is_closed())
+            })
+            .unwrap_or(fallback)
+    }
+
+    /// Run `sql` over connection `route`, sent again on a new connection if
+    /// this one broke, within the operation timeout.
+    pub(crate) async fn query(
+        &self,
+        route: usize,
+        what: &str,
+        sql: &str,
+        params: &[Param<'_>],
+    ) -> Result<Vec<Row>, Fault> {
+        self.query_by(route, what, sql, params, None).await
+    }
+
+    /// [`query`](Self::query), ending by `by` if that comes first (a
+    /// request that has had no answer yet ends its attempt then).
+    pub(crate) async fn query_by(
+        &self,
+        route: usize,
+        what: &str,
+        sql: &str,
+        params: &[Param<'_>],
+        by: Option<Instant>,
+    ) -> Result<Vec<Row>, Fault> {
+        let mut op = self.settings.op_timeout;
+        let mut deadline = Instant::now() + op;
+        if let Some(by) = by.filter(|by| *by < deadline) {
+            deadline = by;
+            op = by.saturating_duration_since(Instant::now());
+        }
+        let mut pause = RETRY_PAUSE;
+        loop {
+            let client = self.client(route, deadline).await?;
+            let out = tokio::time::timeout_at(deadline, client.query_typed(sql, params)).await;
+            let fault = match out {
+                Ok(Ok(rows)) => return Ok(rows),
+                Ok(Err(e)) => {
+                    if e.is_closed() || client.is_closed() {
+                        self.drop_conn(route, &client);
+                    }
+                    sql_fault(what, &e)
+                }
+                Err(_) => return Err(Fault::timed_out(format!("{what} on {}", self.addr), op)),
+            };
+            if !fault.is_transient() || Instant::now() + pause >= deadline {
+                return Err(fault);
+            }
+            tracing::debug!(error = %fault, "lock statement failed; sending it again");
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(200));
+        }
+    }
+
+    fn drop_conn(&self, route: usize, client: &Arc<Client>) {
+        let mut conn = self.slots[route].conn.lock().unwrap();
+        if conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, client)) {
+            *conn = None;
+        }
+    }
+
+    /// The open connection of `route`, connecting it if needed by
+    /// `deadline`.
+    async fn client(&self, route: usize, deadline: Instant) -> Result<Arc<Client>, Fault> {
+        let slot = &self.slots[route];
+        let open = |slot: &Slot| slot.conn.lock().unwrap().clone().filter(|c| !c.is_closed());
+        if let Some(c) = open(slot) {
+            return Ok(c);
+        }
+        let what = format!("connecting to PostgreSQL at {}", self.addr);
+        let _gate = tokio::time::timeout_at(deadline, slot.gate.lock())
+            .await
+            .map_err(|_| Fault::timed_out(&what, self.settings.op_timeout))?;
+        if let Some(c) = open(slot) {
+            return Ok(c);
+        }
+        let budget = self
+            .settings
+            .connect_timeout
+            .min(deadline.saturating_duration_since(Instant::now()))
+            .max(Duration::from_millis(1));
+        let client = Arc::new(connect(&self.config, &self.io, budget, &what).await?);
+        self.installed
+            .get_or_try_init(|| async {
+                tokio::time::timeout_at(deadline, schema::install(&client))
+                    .await
+                    .map_err(|_| {
+                        Fault::timed_out("creating the lock tables", self.settings.op_timeout)
+                    })?
+            })
+            .await?;
+        *slot.conn.lock().unwrap() = Some(client.clone());
+        Ok(client)
+    }
+}
+
+/// Open one connection within `budget`, its task on `io`.
+pub(crate) async fn connect(
+    config: &tokio_postgres::Config,
+    io: &Handle,
+    budget: Duration,
+    what: &str,
+) -> Result<Client, Fault> {
+    let mut config = config.clone();
+    config.connect_timeout(budget);
+    let opened = io.spawn(async move {
+        let (client, connection) = config.connect(NoTls).await?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "lock connection to PostgreSQL ended");
+            }
+        });
+        Ok::<_, tokio_postgres::Error>(client)
+    });
+    match tokio::time::timeout(budget, opened).await {
+        Ok(Ok(Ok(client))) => Ok(client),
+        Ok(Ok(Err(e))) => Err(connect_fault(what, &e)),
+        Ok(Err(_)) => Err(Fault::other(format!(
+            "{what}: the lock client's I/O thread has stopped"
+        ))),
+        Err(_) => Err(Fault::timed_out(what, budget)),
+    }
+}
