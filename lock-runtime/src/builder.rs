@@ -366,7 +366,11 @@ impl LockClientBuilder {
             config.node_settings(),
             io.handle(),
         )?;
-        Ok(LockClient::from_parts(config, Backend::Postgres(backend), io))
+        Ok(LockClient::from_parts(
+            config,
+            Backend::Postgres(backend),
+            io,
+        ))
     }
 }
 

@@ -197,10 +197,12 @@ impl PostgresBackend {
                 ],
             )
             .await?;
-        Ok(match one(&rows, "leaving a lock to its min_hold")?.get::<_, i32>(0) {
-            1 => Released::Freed,
-            _ => Released::NotOwner,
-        })
+        Ok(
+            match one(&rows, "leaving a lock to its min_hold")?.get::<_, i32>(0) {
+                1 => Released::Freed,
+                _ => Released::NotOwner,
+            },
+        )
     }
 
     /// Every hold of the batch in one statement; a hold the statement did
@@ -297,4 +299,3 @@ fn one<'a>(rows: &'a [tokio_postgres::Row], what: &str) -> Result<&'a tokio_post
     rows.first()
         .ok_or_else(|| Fault::other(format!("{what}: the lock function returned no row")))
 }
-

@@ -155,4 +155,3 @@ fn heard(wakeups: &Arc<Wakeups>, payload: &str) {
         },
     );
 }
-

@@ -53,11 +53,7 @@ struct Slot {
 }
 
 impl Pool {
-    pub(crate) fn new(
-        config: tokio_postgres::Config,
-        settings: NodeSettings,
-        io: Handle,
-    ) -> Pool {
+    pub(crate) fn new(config: tokio_postgres::Config, settings: NodeSettings, io: Handle) -> Pool {
         let addr = describe(&config);
         Pool {
             config,
@@ -145,13 +141,7 @@ impl Pool {
     /// `deadline`.
     async fn client(&self, route: usize, deadline: Instant) -> Result<Arc<Client>, Fault> {
         let slot = &self.slots[route];
-        let open = |slot: &Slot| {
-            slot.conn
-                .lock()
-                .unwrap()
-                .clone()
-                .filter(|c| !c.is_closed())
-        };
+        let open = |slot: &Slot| slot.conn.lock().unwrap().clone().filter(|c| !c.is_closed());
         if let Some(c) = open(slot) {
             return Ok(c);
         }

@@ -20,15 +20,42 @@ pub(crate) const TABLES: &str = include_str!("../../../sql/schema.sql");
 /// The functions, in the order they are created (one calls the ones
 /// before it).
 pub(crate) const FUNCTIONS: [(&str, &str); 9] = [
-    ("lock_sweep_v1", include_str!("../../../sql/lock_sweep_v1.sql")),
-    ("lock_serve_v1", include_str!("../../../sql/lock_serve_v1.sql")),
-    ("lock_acquire_v1", include_str!("../../../sql/lock_acquire_v1.sql")),
-    ("lock_release_v1", include_str!("../../../sql/lock_release_v1.sql")),
-    ("lock_keep_v1", include_str!("../../../sql/lock_keep_v1.sql")),
-    ("lock_renew_v1", include_str!("../../../sql/lock_renew_v1.sql")),
-    ("lock_queued_v1", include_str!("../../../sql/lock_queued_v1.sql")),
-    ("lock_inspect_v1", include_str!("../../../sql/lock_inspect_v1.sql")),
-    ("lock_names_v1", include_str!("../../../sql/lock_names_v1.sql")),
+    (
+        "lock_sweep_v1",
+        include_str!("../../../sql/lock_sweep_v1.sql"),
+    ),
+    (
+        "lock_serve_v1",
+        include_str!("../../../sql/lock_serve_v1.sql"),
+    ),
+    (
+        "lock_acquire_v1",
+        include_str!("../../../sql/lock_acquire_v1.sql"),
+    ),
+    (
+        "lock_release_v1",
+        include_str!("../../../sql/lock_release_v1.sql"),
+    ),
+    (
+        "lock_keep_v1",
+        include_str!("../../../sql/lock_keep_v1.sql"),
+    ),
+    (
+        "lock_renew_v1",
+        include_str!("../../../sql/lock_renew_v1.sql"),
+    ),
+    (
+        "lock_queued_v1",
+        include_str!("../../../sql/lock_queued_v1.sql"),
+    ),
+    (
+        "lock_inspect_v1",
+        include_str!("../../../sql/lock_inspect_v1.sql"),
+    ),
+    (
+        "lock_names_v1",
+        include_str!("../../../sql/lock_names_v1.sql"),
+    ),
 ];
 
 /// Every statement a team that migrates by hand applies, in order.
@@ -79,7 +106,8 @@ pub(crate) async fn install(client: &Client) -> Result<(), Fault> {
                 return Err(Fault::Config(format!(
                     "the lock tables are missing and this role may not create them ({}); \
                      apply this SQL once as a role that may (also in docs/POSTGRES.md):\n{}",
-                    e.as_db_error().map_or_else(|| e.to_string(), |d| d.message().to_owned()),
+                    e.as_db_error()
+                        .map_or_else(|| e.to_string(), |d| d.message().to_owned()),
                     all_sql()
                 )));
             }
