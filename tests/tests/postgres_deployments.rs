@@ -360,3 +360,30 @@ fn renewals_stay_hot_and_cycles_leave_the_tables_small() {
         after_all.1
     );
 }
+
+/// docs/POSTGRES.md prints every SQL file the client runs, as it is: a
+/// team that migrates by hand applies what the client would.
+#[test]
+fn docs_print_the_sql_the_client_runs() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let doc = std::fs::read_to_string(format!("{root}/docs/POSTGRES.md")).unwrap();
+    let mut files = 0;
+    for f in std::fs::read_dir(format!("{root}/lock-runtime/sql"))
+        .unwrap()
+        .flatten()
+    {
+        let name = f.file_name().to_string_lossy().into_owned();
+        let sql = std::fs::read_to_string(f.path()).unwrap();
+        let block = format!(
+            "`lock-runtime/sql/{name}`:\n\n```sql\n{}\n```",
+            sql.trim_end()
+        );
+        assert!(
+            doc.contains(&block),
+            "docs/POSTGRES.md does not print lock-runtime/sql/{name} as it is \
+             (copy it between the schema markers)"
+        );
+        files += 1;
+    }
+    assert!(files >= 2, "no SQL files found");
+}
