@@ -3,8 +3,12 @@
 -- in order while the semaphore has room. Each waiter served gets its hold
 -- (a fresh token if it asked for one) and leaves the queue, and its client
 -- is told by NOTIFY on the waiter's channel: "<owner> <token> <server ms>
--- <name>". Waiters past their stay are dropped on the way.
--- Reads and writes lock_holders, lock_waiters and the name's lock_fences row,
+-- <name>". Waiters past their stay are dropped on the way, and so are
+-- waiters whose client does not listen now (lock_listeners: the process
+-- died, or it has not started listening yet and asks again): nobody would
+-- hear their grant, and the lock would sit idle for their lease.
+-- Reads lock_listeners and pg_stat_activity; reads and writes lock_holders,
+-- lock_waiters and the name's lock_fences row,
 -- which the caller has locked. Called only by lock_acquire_v1 and
 -- lock_release_v1, inside their one statement: safe to repeat, since a
 -- waiter served leaves the queue and is not served twice.
@@ -33,6 +37,12 @@ BEGIN
     END IF;
     FOR q IN SELECT * FROM lock_waiters WHERE name = p_name ORDER BY seq LOOP
         IF q.until <= p_now THEN
+            DELETE FROM lock_waiters WHERE name = p_name AND owner = q.owner;
+            CONTINUE;
+        END IF;
+        IF NOT EXISTS (SELECT 1 FROM lock_listeners l, pg_stat_get_activity(l.pid) a
+                        WHERE l.channel = q.channel
+                          AND (a.backend_start IS NULL OR a.backend_start = l.started)) THEN
             DELETE FROM lock_waiters WHERE name = p_name AND owner = q.owner;
             CONTINUE;
         END IF;

@@ -50,3 +50,12 @@ CREATE TABLE IF NOT EXISTS lock_waiters (
     until    timestamptz NOT NULL,
     PRIMARY KEY (name, owner)
 );
+
+-- lock_listeners: which session listens on each client's channel (its
+-- backend pid and start), so that a release hands the lock only to a
+-- waiter whose client can hear it, and passes over one whose client died.
+CREATE TABLE IF NOT EXISTS lock_listeners (
+    channel text        PRIMARY KEY,
+    pid     integer     NOT NULL,
+    started timestamptz
+);

@@ -661,6 +661,46 @@ impl Deployment {
 mod tests {
     use super::*;
 
+    const PG_URLS: [&str; 3] = [
+        "postgres://app@db.internal:5432/shop",
+        "postgresql://db.internal/shop",
+        "POSTGRES://db.internal/shop",
+    ];
+
+    #[cfg(not(feature = "postgres"))]
+    #[tokio::test]
+    async fn a_postgres_url_without_the_feature_is_a_config_error_naming_it() {
+        let names_it =
+            |e: &LockError| matches!(e, LockError::Config(m) if m.contains("`postgres` feature"));
+        for url in PG_URLS {
+            let err = LockClient::connect(url).await.unwrap_err();
+            assert!(names_it(&err), "{url}: {err:?}");
+            let err = LockClient::connect_lazy(url).unwrap_err();
+            assert!(names_it(&err), "{url}: {err:?}");
+            let err = LockClient::builder().connect(url).await.unwrap_err();
+            assert!(names_it(&err), "{url}: {err:?}");
+        }
+    }
+
+    #[cfg(feature = "postgres")]
+    #[test]
+    fn a_postgres_url_picks_the_postgres_engine() {
+        for url in PG_URLS {
+            let client = LockClient::connect_lazy(url).expect(url);
+            assert!(
+                matches!(&*client.inner.backend, Backend::Postgres(_)),
+                "{url}"
+            );
+        }
+        let err = LockClient::connect_lazy("postgres://db/shop?sslmode=require").unwrap_err();
+        assert!(
+            matches!(&err, LockError::Config(m) if m.contains("sslmode")),
+            "{err:?}"
+        );
+        let err = LockClient::connect_lazy("postgres://db:notaport/shop").unwrap_err();
+        assert!(matches!(err, LockError::Config(_)), "{err:?}");
+    }
+
     fn from(vars: &[(&str, &str)]) -> Result<Deployment, LockError> {
         Deployment::from_env(|k| {
             vars.iter()

@@ -32,3 +32,19 @@ pub async fn memory() {
     })
     .await;
 }
+
+/// Start the binary's PostgreSQL server (once, shared) and point the global
+/// client at a database of its own.
+pub async fn postgres() -> &'static crate::postgres::PostgresServer {
+    let server = crate::postgres::PostgresServer::shared();
+    INIT.get_or_init(|| async {
+        crate::init_tracing();
+        let db = server.fresh_database();
+        let client = LockClient::connect(&server.url_for(&db))
+            .await
+            .expect("connect global client to PostgreSQL");
+        lock_runtime::init(client).expect("init global client");
+    })
+    .await;
+    server
+}

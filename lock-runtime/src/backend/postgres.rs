@@ -39,12 +39,17 @@ pub(crate) struct PostgresBackend {
 
 /// The settings of a URL, checked.
 fn config_of(url: &str) -> Result<tokio_postgres::Config, Fault> {
-    let mut config = tokio_postgres::Config::from_str(url).map_err(|e| {
-        Fault::Config(format!(
-            "`{}` is not a PostgreSQL URL: {e}",
-            super::endpoint::redact(url)
-        ))
-    })?;
+    // The driver reads the scheme in lower case only.
+    let lowered = url
+        .split_once("://")
+        .map(|(_, rest)| format!("postgresql://{rest}"));
+    let mut config =
+        tokio_postgres::Config::from_str(lowered.as_deref().unwrap_or(url)).map_err(|e| {
+            Fault::Config(format!(
+                "`{}` is not a PostgreSQL URL: {e}",
+                super::endpoint::redact(url)
+            ))
+        })?;
     if config.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
         return Err(Fault::Config(
             "sslmode=require: this build of the postgres engine connects without TLS \
@@ -217,7 +222,7 @@ impl PostgresBackend {
         let out = self
             .pool
             .query(
-                pool::POOL_SIZE - 1,
+                self.pool.open_route(pool::POOL_SIZE - 1),
                 "renewing locks",
                 "SELECT lock_renew_v1($1, $2, $3)",
                 &[

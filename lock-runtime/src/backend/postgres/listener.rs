@@ -5,6 +5,10 @@
 //! The message is routed to the waiting request as a Redis grant is
 //! (`wakeups.rs`, `claims.rs`); nobody polls. If this connection drops,
 //! every waiter asks again, and the next one to park listens afresh.
+//!
+//! The session records itself in `lock_listeners` (`lock_listen_v1`): a
+//! release serves only waiters whose client's session is alive, as a Redis
+//! release serves only waiters whose client heard the grant.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -87,7 +91,9 @@ impl Listener {
         }
         *live = None;
         let conn = self.open(&what).await?;
-        let listen = format!("LISTEN \"{}\"", channel_of(client));
+        // (The channel is `lock_` and a hex client id: nothing to escape.)
+        let channel = channel_of(client);
+        let listen = format!("LISTEN \"{channel}\"; SELECT lock_listen_v1('{channel}')");
         tokio::time::timeout(op, conn.batch_execute(&listen))
             .await
             .map_err(|_| Fault::timed_out(&what, op))?

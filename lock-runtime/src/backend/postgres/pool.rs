@@ -72,11 +72,33 @@ impl Pool {
         (h.finish() % POOL_SIZE as u64) as usize
     }
 
-    /// Open the first connection now (and create the schema): `connect`
-    /// fails here, not at the first lock.
+    /// Open the connections now (and create the schema): `connect` fails
+    /// here, not at the first lock, and no renewal waits for a connection
+    /// (with its authentication) while its lease runs.
     pub(crate) async fn warm(&self) -> Result<(), Fault> {
         let deadline = Instant::now() + self.settings.connect_timeout + self.settings.op_timeout;
-        self.client(0, deadline).await.map(drop)
+        self.client(0, deadline).await?;
+        let rest = (1..POOL_SIZE).map(|i| self.client(i, deadline));
+        for opened in futures_util::future::join_all(rest).await {
+            opened?;
+        }
+        Ok(())
+    }
+
+    /// A connection that is open now, if any (else `fallback`): for a call
+    /// that no other call must be ordered with, such as a renewal round.
+    pub(crate) fn open_route(&self, fallback: usize) -> usize {
+        (0..POOL_SIZE)
+            .map(|i| (fallback + i) % POOL_SIZE)
+            .find(|&i| {
+                self.slots[i]
+                    .conn
+                    .lock()
+                    .unwrap()
+                    .as_ref()
+                    .is_some_and(|c| !c.is_closed())
+            })
+            .unwrap_or(fallback)
     }
 
     /// Run `sql` over connection `route`, sent again on a new connection if

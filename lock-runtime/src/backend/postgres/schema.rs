@@ -19,7 +19,7 @@ pub(crate) const TABLES: &str = include_str!("../../../sql/schema.sql");
 
 /// The functions, in the order they are created (one calls the ones
 /// before it).
-pub(crate) const FUNCTIONS: [(&str, &str); 9] = [
+pub(crate) const FUNCTIONS: [(&str, &str); 10] = [
     (
         "lock_sweep_v1",
         include_str!("../../../sql/lock_sweep_v1.sql"),
@@ -55,6 +55,10 @@ pub(crate) const FUNCTIONS: [(&str, &str); 9] = [
     (
         "lock_names_v1",
         include_str!("../../../sql/lock_names_v1.sql"),
+    ),
+    (
+        "lock_listen_v1",
+        include_str!("../../../sql/lock_listen_v1.sql"),
     ),
 ];
 

@@ -1,0 +1,405 @@
+//! What the PostgreSQL engine promises beyond the shared checks, each
+//! against a real server: a statement sent twice grants nothing twice; a
+//! dead waiter does not stall the lock; one statement per lock and one per
+//! unlock; renewals stay HOT; nothing stays per lock name after its
+//! fence_ttl; connections killed under held locks lose nothing; clear
+//! errors for a missing server, a wrong password, a missing database, a
+//! role without CREATE (quoting the SQL to apply) and timeouts on the role.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use lock_runtime::{LockClient, LockError};
+use tests::postgres::PostgresServer;
+use tests::{eventually, spawn_tied, unique};
+
+/// A fresh database of the shared server: (its name, its URL).
+fn fresh() -> (&'static PostgresServer, String, String) {
+    let server = PostgresServer::shared();
+    let db = server.fresh_database();
+    let url = server.url_for(&db);
+    (server, db, url)
+}
+
+fn name(key: &str) -> String {
+    format!("lock:{{{key}}}")
+}
+
+/// The acquire function as a client sends it: (status, token).
+fn acquire_sql(server: &PostgresServer, db: &str, key: &str, owner: &str) -> (i64, i64) {
+    let row = server.query_in(
+        db,
+        &format!(
+            "SELECT status, token FROM lock_acquire_v1('{}', '{owner}', 'w', 0, 30000, NULL, false, true, 'lock_x', 86400000)",
+            name(key)
+        ),
+    );
+    (row[0][0].parse().unwrap(), row[0][1].parse().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_sent_twice_grants_nothing_twice() {
+    let (server, db, url) = fresh();
+    let client = LockClient::builder()
+        .retry_delay(Duration::from_secs(60))
+        .connect(&url)
+        .await
+        .unwrap();
+    let key = unique("twice");
+    // An acquire whose reply was lost, sent again: the same hold, the same
+    // token.
+    let (first, token) = acquire_sql(server, &db, &key, "lost:1");
+    assert_eq!(first, 1, "taken");
+    assert_eq!(acquire_sql(server, &db, &key, "lost:1"), (2, token));
+    // A waiter of a real client queues behind it.
+    let waiter = tokio::spawn({
+        let (c, key) = (client.clone(), key.clone());
+        async move { c.lock(&key).wait(Duration::from_secs(20)).await }
+    });
+    assert!(
+        eventually(Duration::from_secs(10), || client.waiting_here(&key) == 1).await,
+        "the waiter never parked"
+    );
+    // A release whose reply was lost, sent again: it handed the lock over
+    // once, and the second send says released (not "someone else's").
+    let release = format!("SELECT lock_release_v1('{}', 'lost:1', false)", name(&key));
+    assert_eq!(server.psql_in(&db, &release), "1");
+    assert_eq!(
+        server.psql_in(&db, &release),
+        "1",
+        "the resend knows it ran"
+    );
+    let guard = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("handed over by the NOTIFY")
+        .unwrap()
+        .unwrap();
+    assert!(guard.fence() > token as u64);
+    let info = client.inspect(&key).await.unwrap().unwrap();
+    assert_eq!(info.holders, [guard.holder()], "one holder, granted once");
+    guard.release().await.unwrap();
+    assert!(client.inspect(&key).await.unwrap().is_none());
+}
+
+/// A waiter whose process died while queued is passed over by the release
+/// at once (its client's listening session is gone), not after the lease
+/// its grant would have had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_waiter_does_not_stall_the_lock() {
+    let (_, _, url) = fresh();
+    let a = LockClient::connect(&url).await.unwrap();
+    let b = LockClient::builder()
+        .retry_delay(Duration::from_secs(60))
+        .connect(&url)
+        .await
+        .unwrap();
+    let key = unique("dead-waiter");
+    let holder = a.lock(&key).await.unwrap();
+    let mut worker = spawn_tied({
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_lock_worker"));
+        cmd.args(["hold", &url, &key, "30000"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        cmd
+    })
+    .unwrap();
+    let waiters = |n: usize| {
+        let (a, key) = (a.clone(), key.clone());
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(15);
+            while Instant::now() < deadline {
+                if a.inspect(&key).await.unwrap().map_or(0, |i| i.waiters) == n {
+                    return true;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            false
+        }
+    };
+    assert!(waiters(1).await, "the worker did not queue");
+    let next = tokio::spawn({
+        let (b, key) = (b.clone(), key.clone());
+        async move { b.lock(&key).wait(Duration::from_secs(20)).await }
+    });
+    assert!(
+        eventually(Duration::from_secs(10), || b.waiting_here(&key) == 1).await,
+        "the second waiter did not park"
+    );
+    worker.kill().unwrap();
+    worker.wait().unwrap();
+    // The worker's session ends with its process.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released = Instant::now();
+    holder.release().await.unwrap();
+    let guard = tokio::time::timeout(Duration::from_secs(10), next)
+        .await
+        .expect("the live waiter was served, not the dead one")
+        .unwrap()
+        .unwrap();
+    println!("served {:?} after the release", released.elapsed());
+    guard.release().await.unwrap();
+}
+
+/// Uncontended, a lock is one statement and its release one more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_statement_per_lock_and_one_per_unlock() {
+    let (server, db, url) = fresh();
+    let client = LockClient::connect(&url).await.unwrap();
+    let key = unique("trips");
+    // Connected and the schema in place before counting.
+    client.lock(&key).await.unwrap().release().await.unwrap();
+    if !tests::postgres::has_pg_stat_statements() {
+        println!("pg_stat_statements is not installed: statements not counted");
+        return;
+    }
+    server.reset_statements();
+    for _ in 0..10 {
+        client.lock(&key).await.unwrap().release().await.unwrap();
+    }
+    assert_eq!(server.statements_in(&db), 20);
+}
+
+/// The HOT share of a table's updates, once the server has counted at
+/// least `least` updates: (updates, HOT updates).
+async fn updates(server: &PostgresServer, db: &str, table: &str, least: i64) -> (i64, i64) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let row = server.query_in(
+            db,
+            &format!(
+                "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = '{table}'"
+            ),
+        );
+        let (upd, hot): (i64, i64) = (row[0][0].parse().unwrap(), row[0][1].parse().unwrap());
+        if upd >= least || Instant::now() > deadline {
+            return (upd, hot);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Renewals move only the lease end, which no index covers: every one is a
+/// heap-only update, and the table does not grow with them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_are_hot_updates() {
+    let (server, db, url) = fresh();
+    let client = LockClient::connect(&url).await.unwrap();
+    let mut guards = Vec::new();
+    for i in 0..20 {
+        let g = client
+            .lock(format!("hot:{i}"))
+            .lease(Duration::from_millis(600))
+            .await
+            .unwrap();
+        guards.push(g);
+    }
+    let size =
+        |server: &PostgresServer| server.number_in(&db, "SELECT pg_relation_size('lock_holders')");
+    let before = size(server);
+    // About ten renewal ticks of every hold.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for g in guards {
+        g.release().await.expect("renewed throughout");
+    }
+    let (upd, hot) = updates(server, &db, "lock_holders", 100).await;
+    assert!(upd >= 100, "only {upd} renewals counted");
+    assert!(hot * 100 >= upd * 95, "{hot} of {upd} renewals were HOT");
+    assert_eq!(size(server), before, "renewals grew the table");
+}
+
+/// A lock name nobody holds or waits for leaves nothing once its fence row
+/// has expired (fence_ttl after its last acquisition, and no later than
+/// half of it again): later calls sweep it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_stays_per_lock_name_after_its_fence_ttl() {
+    let (server, db, url) = fresh();
+    let client = LockClient::builder()
+        .fence_ttl(Duration::from_secs(1))
+        .connect(&url)
+        .await
+        .unwrap();
+    let tag = unique("swept");
+    for i in 0..10 {
+        client
+            .lock(format!("{tag}:{i}"))
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+    let rows = || {
+        server.number_in(
+            &db,
+            &format!(
+                "SELECT (SELECT count(*) FROM lock_fences WHERE name LIKE '%{tag}%') \
+                      + (SELECT count(*) FROM lock_holders WHERE name LIKE '%{tag}%') \
+                      + (SELECT count(*) FROM lock_waiters WHERE name LIKE '%{tag}%')"
+            ),
+        )
+    };
+    assert_eq!(rows(), 10, "each name's fence row stays for its fence_ttl");
+    // Time is the subject: the rows may go 1.5 s after their last use.
+    tokio::time::sleep(Duration::from_millis(1800)).await;
+    for _ in 0..6 {
+        client.lock("other").await.unwrap().release().await.unwrap();
+    }
+    assert_eq!(rows(), 0, "nothing kept for names nobody uses");
+}
+
+/// `pg_terminate_backend` of every connection every 300 ms while a lock is
+/// held: the hold is a row, not a session, so it is never lost, and nobody
+/// else gets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_killed_under_a_held_lock_lose_nothing() {
+    let server = PostgresServer::start();
+    let url = server.url();
+    let a = LockClient::connect(&url).await.unwrap();
+    let b = LockClient::connect(&url).await.unwrap();
+    let key = unique("killed");
+    let guard = a
+        .lock(&key)
+        .lease(Duration::from_millis(900))
+        .await
+        .unwrap();
+    let killer = std::thread::spawn({
+        let port = server.port();
+        move || {
+            let mut killed = 0;
+            let until = Instant::now() + Duration::from_secs(3);
+            while Instant::now() < until {
+                killed += terminate(port);
+                std::thread::sleep(Duration::from_millis(300));
+            }
+            killed
+        }
+    });
+    let mut tries = 0;
+    while !killer.is_finished() {
+        match b.lock(&key).wait(Duration::from_millis(300)).await {
+            Err(LockError::Timeout { .. }) => tries += 1,
+            other => panic!("the held lock was {other:?}"),
+        }
+    }
+    let killed = killer.join().unwrap();
+    assert!(killed >= 5, "only {killed} connections terminated");
+    assert!(!guard.is_lost());
+    guard.release().await.expect("still held after the kills");
+    println!("{killed} connections terminated, {tries} busy attempts meanwhile");
+    drop(server);
+}
+
+/// `pg_terminate_backend` of every client connection of the server on
+/// `port`, from a connection of its own.
+fn terminate(port: u16) -> usize {
+    let out = Command::new("psql")
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "-U",
+            "postgres",
+            "-d",
+            "postgres",
+        ])
+        .args(["-X", "-q", "-A", "-t", "-c"])
+        .arg(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+             WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()",
+        )
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or(0)
+}
+
+fn within<T>(limit: Duration, started: Instant, out: T) -> T {
+    assert!(started.elapsed() < limit, "took {:?}", started.elapsed());
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clear_errors_in_bounded_time() {
+    let quick = || {
+        LockClient::builder()
+            .connect_timeout(Duration::from_secs(1))
+            .op_timeout(Duration::from_secs(1))
+    };
+    // No server.
+    let port = tests::free_port();
+    let t = Instant::now();
+    let err = quick()
+        .connect(&format!("postgres://postgres@127.0.0.1:{port}/postgres"))
+        .await
+        .unwrap_err();
+    let err = within(Duration::from_secs(4), t, err);
+    assert!(matches!(err, LockError::Backend(_)), "{err:?}");
+
+    let server = PostgresServer::options().password("right").start();
+    let url_with = |user: &str, password: &str, db: &str| {
+        format!(
+            "postgres://{user}:{password}@127.0.0.1:{}/{db}",
+            server.port()
+        )
+    };
+    // A wrong password.
+    let t = Instant::now();
+    let err = quick()
+        .connect(&url_with("postgres", "wrong", "postgres"))
+        .await
+        .unwrap_err();
+    let err = within(Duration::from_secs(4), t, err);
+    assert!(err.to_string().contains("password"), "{err}");
+    // A missing database.
+    let t = Instant::now();
+    let err = quick()
+        .connect(&url_with("postgres", "right", "nowhere"))
+        .await
+        .unwrap_err();
+    let err = within(Duration::from_secs(4), t, err);
+    assert!(err.to_string().contains("does not exist"), "{err}");
+
+    // A role that may not create the tables: a Config error quoting them.
+    let db = server.fresh_database();
+    server.create_role("app", Some("pw"), "");
+    let err = quick()
+        .connect(&url_with("app", "pw", &db))
+        .await
+        .unwrap_err();
+    let LockError::Config(message) = &err else {
+        panic!("{err:?}");
+    };
+    assert!(
+        message.contains("CREATE TABLE IF NOT EXISTS lock_holders")
+            && message.contains("CREATE OR REPLACE FUNCTION lock_acquire_v1"),
+        "{message}"
+    );
+    // Applied by hand (as the docs say), the role locks.
+    let sql = message.split_once(":\n").unwrap().1;
+    server.psql_in(&db, &format!("BEGIN;\n{sql}\nCOMMIT;"));
+    server.psql_in(
+        &db,
+        "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO app",
+    );
+    // Timeouts set on the role change nothing: no statement waits, and no
+    // transaction stays open between statements.
+    server.psql(
+        "ALTER ROLE app SET statement_timeout = '50ms'; \
+         ALTER ROLE app SET idle_in_transaction_session_timeout = '50ms'",
+    );
+    let app = quick().connect(&url_with("app", "pw", &db)).await.unwrap();
+    for _ in 0..3 {
+        let g = app
+            .lock("k")
+            .lease(Duration::from_millis(300))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        g.release()
+            .await
+            .expect("renewed under the role's timeouts");
+    }
+}
