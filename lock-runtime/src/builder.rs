@@ -349,7 +349,7 @@ impl LockClientBuilder {
             async move {
                 PostgresBackend::connect(&url, listen.as_deref(), settings, io)
                     .await
-                    .map(Backend::Postgres)
+                    .map(|b| Backend::Postgres(Box::new(b)))
             }
         })
         .await
@@ -368,7 +368,7 @@ impl LockClientBuilder {
         )?;
         Ok(LockClient::from_parts(
             config,
-            Backend::Postgres(backend),
+            Backend::Postgres(Box::new(backend)),
             io,
         ))
     }

@@ -26,6 +26,7 @@ pub(crate) enum Fault {
     Config(String),
     /// A database engine's error (PostgreSQL), already described: whether
     /// the statement may have run, and whether trying again may help.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     Sql {
         context: String,
         message: String,

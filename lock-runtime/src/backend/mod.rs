@@ -129,7 +129,7 @@ pub(crate) enum Backend {
     Redlock(redlock::RedlockBackend),
     /// One PostgreSQL server (feature `postgres`).
     #[cfg(feature = "postgres")]
-    Postgres(postgres::PostgresBackend),
+    Postgres(Box<postgres::PostgresBackend>),
     /// A stand-in for unit tests of the protocol around the backend.
     #[cfg(test)]
     Fake(std::sync::Arc<dyn fake::Fake>),

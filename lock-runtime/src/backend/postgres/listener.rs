@@ -1,7 +1,7 @@
 //! Hearing of hand-offs: one connection per client that `LISTEN`s on the
 //! client's own channel (`lock_<client id>`), opened when a first waiter
 //! parks. A release that serves a waiter sends `NOTIFY` on that waiter's
-//! channel, in its own statement: "<owner> <token> <server ms> <name>".
+//! channel, in its own statement: `<owner> <token> <server ms> <name>`.
 //! The message is routed to the waiting request as a Redis grant is
 //! (`wakeups.rs`, `claims.rs`); nobody polls. If this connection drops,
 //! every waiter asks again, and the next one to park listens afresh.
@@ -140,7 +140,7 @@ impl Listener {
     }
 }
 
-/// A grant heard: "<owner> <token> <server ms> <name>".
+/// A grant heard: `<owner> <token> <server ms> <name>`.
 fn heard(wakeups: &Arc<Wakeups>, payload: &str) {
     let mut parts = payload.splitn(4, ' ');
     let (Some(owner), Some(fence), Some(at), Some(name)) =

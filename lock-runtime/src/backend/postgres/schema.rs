@@ -75,7 +75,7 @@ pub(crate) fn all_sql() -> String {
 /// Any key of this value serializes the clients that create the schema at
 /// once (`CREATE OR REPLACE FUNCTION` run side by side fails with "tuple
 /// concurrently updated"); a transaction-scoped lock, gone at commit.
-const INSTALL_LOCK: i64 = 0x6c6f_636b_5f76_31;
+const INSTALL_LOCK: i64 = 0x006c_6f63_6b5f_7631;
 
 /// Create what is missing, in one transaction. First asks whether every
 /// function is there (one read): a client of a database set up already
