@@ -492,7 +492,7 @@ async fn renewals(b: &mut Bench) {
         let (c, g) = (client.clone(), guards.clone());
         tasks.push(tokio::spawn(async move {
             for i in (t..n).step_by(32) {
-                let guard = c.lock(&format!("held{i}")).await.unwrap();
+                let guard = c.lock(format!("held{i}")).await.unwrap();
                 g.lock().unwrap().push(guard);
             }
         }));
@@ -522,7 +522,8 @@ async fn renewals(b: &mut Bench) {
         .filter(|g| g.is_lost())
         .count();
     let ticks = window.as_secs_f64() / (lease.as_secs_f64() / 3.0);
-    for g in guards.lock().unwrap().drain(..) {
+    let held: Vec<_> = guards.lock().unwrap().drain(..).collect();
+    for g in held {
         g.release().await.unwrap();
     }
 
@@ -588,7 +589,7 @@ async fn table_size(b: &mut Bench) {
             let mut i = t;
             while done.fetch_add(1, Ordering::Relaxed) < cycles {
                 // 1,000 names, each taken over and over.
-                let g = c.lock(&format!("size{}", i % 1000)).await.unwrap();
+                let g = c.lock(format!("size{}", i % 1000)).await.unwrap();
                 g.release().await.unwrap();
                 i += 32;
             }

@@ -214,7 +214,7 @@ fn a_role_without_create_gets_the_sql_to_apply() {
     );
     let client = rt.block_on(LockClient::connect(&url)).unwrap();
     let g = rt
-        .block_on(client.lock(&unique("byhand")).into_future())
+        .block_on(client.lock(unique("byhand")).into_future())
         .unwrap();
     rt.block_on(g.release()).unwrap();
 }
@@ -241,7 +241,7 @@ fn role_timeouts_give_results_or_clear_errors_in_bounded_time() {
                 .await?;
             for _ in 0..20 {
                 let g = client
-                    .lock(&unique("strict"))
+                    .lock(unique("strict"))
                     .wait(Duration::from_secs(2))
                     .await?;
                 g.release().await?;
@@ -280,7 +280,7 @@ fn renewals_stay_hot_and_cycles_leave_the_tables_small() {
     // 200 holds renewed every ~200 ms for 3 s.
     let held: Vec<_> = (0..200)
         .map(|_| {
-            rt.block_on(client.lock(&unique("hot")).into_future())
+            rt.block_on(client.lock(unique("hot")).into_future())
                 .unwrap()
         })
         .collect();

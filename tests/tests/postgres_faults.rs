@@ -205,7 +205,7 @@ fn terminated_connections_lose_no_lock_and_fail_no_call() {
     // Long holds: renewed many times over the run.
     let held: Vec<_> = (0..20)
         .map(|i| {
-            rt.block_on(clients[i % 3].lock(&unique("pgheld")).into_future())
+            rt.block_on(clients[i % 3].lock(unique("pgheld")).into_future())
                 .unwrap()
         })
         .collect();
