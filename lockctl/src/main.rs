@@ -30,7 +30,8 @@ use output::Output;
 #[command(name = "lockctl", version)]
 #[command(after_help = "Exit status: 0 found, 1 not found, 2 error.")]
 struct Cli {
-    /// Redis URL (`redis://`, `rediss://`, `redis://user:password@host:port/db`);
+    /// Redis URL (`redis://`, `rediss://`, `redis://user:password@host:port/db`)
+    /// or PostgreSQL URL (`postgres://user:password@host:port/db`);
     /// several, comma-separated, with --cluster or --redlock, or the
     /// sentinels' with --sentinel. Without it the deployment comes from the
     /// environment exactly as `LockClient::from_env` reads it:

@@ -577,3 +577,43 @@ async fn a_semaphore_shows_every_permit_and_releases_one_or_all() {
     let run = lockctl(Some(&url), &["release", &key, "--force"]).await;
     assert_eq!(run.code, 1, "{run:?}");
 }
+
+/// `--url postgres://…` goes to the PostgreSQL engine: show, list, and a
+/// forced release that hands the lock to the waiter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn show_list_and_release_on_postgres() {
+    let server = tests::postgres::PostgresServer::shared();
+    let url = server.url_for(&server.fresh_database());
+    let (a, b) = (
+        LockClient::connect(&url).await.unwrap(),
+        LockClient::connect(&url).await.unwrap(),
+    );
+    let key = unique("pg-cli");
+    let run = lockctl(None, &["--url", &url, "--json", "show", &key]).await;
+    assert_eq!((run.code, run.stdout.as_str()), (1, ""), "{run:?}");
+    let holder = a.lock(&key).await.unwrap();
+    let waiter = {
+        let (b, key) = (b.clone(), key.clone());
+        tokio::spawn(async move { b.lock(&key).wait(Duration::from_secs(30)).await })
+    };
+    assert!(eventually(Duration::from_secs(10), || b.waiting_here(&key) == 1).await);
+    let run = lockctl(None, &["--url", &url, "--json", "show", &key]).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_shows(&run.one(), &holder, 1);
+    let run = lockctl(None, &["--url", &url, "--json", "list", "pg-cli*"]).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_shows(&run.one(), &holder, 1);
+    let run = lockctl(None, &["--url", &url, "release", &key, "--force"]).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    let next = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter was handed the lock")
+        .unwrap()
+        .unwrap();
+    assert!(next.fence() > holder.fence());
+    assert!(matches!(
+        holder.release().await,
+        Err(LockError::Lost { .. })
+    ));
+    next.release().await.unwrap();
+}

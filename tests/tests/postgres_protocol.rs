@@ -403,3 +403,97 @@ async fn clear_errors_in_bounded_time() {
             .expect("renewed under the role's timeouts");
     }
 }
+
+/// Through a `pgbouncer` in transaction mode every call stands alone: locks
+/// exclude and hand over. `LISTEN` does not pass such a pooler, so a
+/// client given only the pooler's URL hears no grants and its waiters ask
+/// again at `retry_delay`; with `listen_url` set to the server itself, a
+/// grant wakes the waiter at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_pgbouncer_in_transaction_mode() {
+    let server = PostgresServer::start();
+    let bouncer = tests::postgres::PgBouncer::start(&server, 2);
+    // Only the pooler: hand-off by asking again.
+    let polling = LockClient::builder()
+        .retry_delay(Duration::from_millis(200))
+        .connect(&bouncer.url())
+        .await
+        .unwrap();
+    let key = unique("bounced");
+    let held = polling.lock(&key).await.unwrap();
+    let waiter = tokio::spawn({
+        let (c, key) = (polling.clone(), key.clone());
+        async move { c.lock(&key).wait(Duration::from_secs(20)).await }
+    });
+    assert!(
+        eventually(Duration::from_secs(10), || polling.waiting_here(&key) == 1).await,
+        "the waiter did not park"
+    );
+    let fence = held.fence();
+    held.release().await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("served through the pooler")
+        .unwrap()
+        .unwrap();
+    assert!(next.fence() > fence);
+    next.release().await.unwrap();
+    // Calls through the pooler, grants heard on the server itself.
+    let listening = LockClient::builder()
+        .retry_delay(Duration::from_secs(600))
+        .listen_url(server.url())
+        .connect(&bouncer.url())
+        .await
+        .unwrap();
+    tests::semantics::waiter_woken_by_release(&listening).await;
+    // Many tasks, few server connections: still one holder at a time.
+    let clients = [polling.clone(), listening.clone()];
+    let key = unique("bounced-many");
+    let inside = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let (c, key, inside) = (clients[i % 2].clone(), key.clone(), inside.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..5 {
+                let g = c.lock(&key).wait(Duration::from_secs(30)).await.unwrap();
+                assert_eq!(inside.fetch_add(1, std::sync::atomic::Ordering::SeqCst), 0);
+                tokio::task::yield_now().await;
+                inside.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                g.release().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
+/// `connect_lazy` sends nothing: built while the server is down, a lock
+/// fails within its wait with a Backend error, and once the server is up
+/// the same client locks (creating the tables then).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lazy_client_waits_for_its_server() {
+    let port = tests::free_port();
+    let url = format!("postgres://postgres@127.0.0.1:{port}/postgres");
+    let client = LockClient::builder()
+        .connect_timeout(Duration::from_millis(500))
+        .op_timeout(Duration::from_millis(500))
+        .connect_lazy(&url)
+        .unwrap();
+    let t = Instant::now();
+    let err = client
+        .lock("lazy")
+        .wait(Duration::from_secs(1))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::Backend(_)), "{err:?}");
+    assert!(
+        t.elapsed() < Duration::from_secs(4),
+        "took {:?}",
+        t.elapsed()
+    );
+    let _server = PostgresServer::options().port(port).start();
+    let guard = client.lock("lazy").await.unwrap();
+    assert!(guard.fence() > 0);
+    guard.release().await.unwrap();
+}

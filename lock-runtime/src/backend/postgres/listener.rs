@@ -17,7 +17,7 @@ use tokio::runtime::Handle;
 use tokio::time::Instant;
 use tokio_postgres::AsyncMessage;
 
-use super::pool::{describe, sql_fault};
+use super::errors::{describe, sql_fault};
 use crate::backend::fault::Fault;
 use crate::backend::node::NodeSettings;
 use crate::claims::{Grant, Stamp};

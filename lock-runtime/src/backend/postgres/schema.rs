@@ -11,7 +11,7 @@
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
 
-use super::pool::sql_fault;
+use super::errors::sql_fault;
 use crate::backend::fault::Fault;
 
 /// The tables.
