@@ -2,8 +2,10 @@
 # Benchmarks: this lock runtime side by side with raw Redis round trips,
 # rslock and redis-py, all in one run against redis-servers the bench starts
 # itself, and what a lock costs on Redis and on Valkey side by side (server
-# and client CPU, commands, memory per lock name). Prints markdown tables
-# and writes docs/BENCHMARKS.md.
+# and client CPU, commands, memory per lock name). Then the PostgreSQL
+# engine against a ShedLock-style lease row and advisory locks
+# (tests/benches/postgres.rs), on a throwaway postgres it starts. Prints
+# markdown tables and writes docs/BENCHMARKS.md.
 #
 # Installs what it needs when missing (Debian/Ubuntu, as root or with sudo):
 # redis-server and redis-tools (redis-benchmark) via apt, valkey-server
@@ -24,6 +26,7 @@ apt_install() {
 }
 
 scripts/install-redis.sh
+scripts/install-postgres.sh
 if ! command -v redis-benchmark >/dev/null; then
   echo "installing redis-tools (redis-benchmark) ..." >&2
   apt_install redis-tools
@@ -58,3 +61,4 @@ else
 fi
 
 cargo bench -p tests --bench locks "$@"
+cargo bench -p tests --bench postgres

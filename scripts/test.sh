@@ -35,7 +35,7 @@ cargo test --workspace --test bounded --test races --test failover "$@"
 
 # Side by side: every other integration test binary, then the Valkey runs.
 # The longest first, so that the lanes end together.
-longest=(fault_suite operations redlock read_write cluster hand_off kill_storm)
+longest=(fault_suite operations redlock read_write cluster hand_off kill_storm postgres_faults postgres_deployments)
 valkey=(redis_semantics round_trips read_write operations semaphores host_vs_redis)
 targets=$(cargo metadata --no-deps --format-version 1 | python3 -c '
 import json, sys

@@ -221,7 +221,16 @@ fn main() {
         if quick { " (LOCKBENCH_QUICK)" } else { "" }
     );
     println!("## Targets\n\n{}", report.targets_table());
-    let doc = report.render(&machine, &run);
+    let mut doc = report.render(&machine, &run);
+    // The PostgreSQL engine's section (`benches/postgres.rs`) stays.
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/BENCHMARKS.md");
+    if let Some(section) = std::fs::read_to_string(path).ok().and_then(|old| {
+        let a = old.find("<!-- postgres-bench:begin -->")?;
+        let z = old.find("<!-- postgres-bench:end -->")?;
+        (a < z).then(|| old[a..z + "<!-- postgres-bench:end -->".len()].to_string())
+    }) {
+        doc = format!("{}\n\n{section}\n", doc.trim_end());
+    }
     if quick || ctx.only.is_some() {
         eprintln!("partial run: docs/BENCHMARKS.md left as it is");
     } else {

@@ -1,0 +1,389 @@
+//! The PostgreSQL engine as deployed: through a real `pgbouncer` in
+//! transaction mode, the errors a misconfigured deployment gets (each
+//! within a bound, never a hang), and what many lock cycles and renewals
+//! leave in the tables.
+
+use std::future::IntoFuture;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lock_runtime::{LockClient, LockError};
+use tests::postgres::{PgBouncer, PostgresServer};
+use tests::{eventually, free_port, unique};
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Runtime::new().unwrap()
+}
+
+/// Through PgBouncer in transaction mode (2 server connections for every
+/// client), with the listening connection to the server itself
+/// (`listen_url`): locks work, contending tasks never hold twice, and a
+/// waiter is handed the lock by the release's NOTIFY (its `retry_delay` of
+/// 10 s is longer than its wait).
+#[test]
+fn pgbouncer_in_transaction_mode_with_listen_url() {
+    let rt = rt();
+    let pg = PostgresServer::shared();
+    let db = pg.fresh_database();
+    let bouncer = PgBouncer::start(pg, 2);
+    let connect = || {
+        rt.block_on(
+            LockClient::builder()
+                .retry_delay(Duration::from_secs(10))
+                .listen_url(pg.url_for(&db))
+                .connect(&bouncer.url_for(&db)),
+        )
+        .unwrap()
+    };
+    let (a, b) = (connect(), connect());
+    let key = unique("bouncer");
+    let held = rt.block_on(a.lock(&key).into_future()).unwrap();
+    let (b2, k2) = (b.clone(), key.clone());
+    let waiter = rt.spawn(async move { b2.lock(&k2).wait(Duration::from_secs(5)).await });
+    rt.block_on(async {
+        assert!(eventually(Duration::from_secs(5), || b.waiting_here(&key) == 1).await);
+    });
+    let fence = held.fence();
+    rt.block_on(held.release()).unwrap();
+    let got = rt
+        .block_on(waiter)
+        .unwrap()
+        .expect("the waiter was not handed the lock within its wait (5 s < retry_delay 10 s)");
+    assert!(got.fence() > fence);
+    rt.block_on(got.release()).unwrap();
+
+    let doubles = contend_briefly(&rt, &[a, b], 4, 40);
+    assert_eq!(doubles, 0);
+}
+
+/// Through PgBouncer without a `listen_url`: no notification reaches the
+/// waiter, which gets the lock by asking again at `retry_delay`.
+#[test]
+fn pgbouncer_without_listen_url_polls_at_retry_delay() {
+    let rt = rt();
+    let pg = PostgresServer::shared();
+    let db = pg.fresh_database();
+    let bouncer = PgBouncer::start(pg, 2);
+    let connect = || {
+        rt.block_on(
+            LockClient::builder()
+                .retry_delay(Duration::from_millis(200))
+                .connect(&bouncer.url_for(&db)),
+        )
+        .unwrap()
+    };
+    let (a, b) = (connect(), connect());
+    let key = unique("bouncerpoll");
+    let held = rt.block_on(a.lock(&key).into_future()).unwrap();
+    let (b2, k2) = (b.clone(), key.clone());
+    let waiter = rt.spawn(async move { b2.lock(&k2).wait(Duration::from_secs(10)).await });
+    std::thread::sleep(Duration::from_millis(300));
+    rt.block_on(held.release()).unwrap();
+    let got = rt.block_on(waiter).unwrap().expect("never got the lock");
+    rt.block_on(got.release()).unwrap();
+    assert_eq!(contend_briefly(&rt, &[a, b], 4, 20), 0);
+}
+
+/// `tasks` tasks per client, `rounds` lock cycles each on 2 keys; the
+/// number of times a body found another inside.
+fn contend_briefly(
+    rt: &tokio::runtime::Runtime,
+    clients: &[LockClient],
+    tasks: usize,
+    rounds: usize,
+) -> u64 {
+    let keys: Arc<Vec<String>> = Arc::new((0..2).map(|_| unique("brief")).collect());
+    let inside: Arc<Vec<AtomicU32>> = Arc::new((0..2).map(|_| AtomicU32::new(0)).collect());
+    let doubles = Arc::new(AtomicU64::new(0));
+    let mut handles = Vec::new();
+    for c in clients {
+        for t in 0..tasks {
+            let (c, keys, inside, doubles) =
+                (c.clone(), keys.clone(), inside.clone(), doubles.clone());
+            handles.push(rt.spawn(async move {
+                for i in 0..rounds {
+                    let k = (t + i) % 2;
+                    let g = c
+                        .lock(&keys[k])
+                        .wait(Duration::from_secs(30))
+                        .await
+                        .unwrap();
+                    if inside[k].fetch_add(1, Ordering::SeqCst) != 0 {
+                        doubles.fetch_add(1, Ordering::Relaxed);
+                    }
+                    tokio::task::yield_now().await;
+                    inside[k].fetch_sub(1, Ordering::SeqCst);
+                    g.release().await.unwrap();
+                }
+            }));
+        }
+    }
+    for h in handles {
+        rt.block_on(h).unwrap();
+    }
+    doubles.load(Ordering::Relaxed)
+}
+
+/// `connect` (which checks the server and creates the schema) of `url`:
+/// its error, and how long it took.
+fn connect_error(rt: &tokio::runtime::Runtime, url: &str) -> (LockError, Duration) {
+    let started = Instant::now();
+    let out = rt.block_on(
+        LockClient::builder()
+            .connect_timeout(Duration::from_secs(2))
+            .connect(url),
+    );
+    let took = started.elapsed();
+    match out {
+        Ok(_) => panic!("{url}: connected"),
+        Err(e) => (e, took),
+    }
+}
+
+/// No server, a wrong password, a missing database: a `Backend` error that
+/// says which, within the connect timeout (2 s) and a margin.
+#[test]
+fn misconfigured_connections_are_clear_errors_in_bounded_time() {
+    let rt = rt();
+    let pg = PostgresServer::options().password("right").start();
+    let bound = Duration::from_secs(5);
+
+    let nobody = format!("postgres://postgres@127.0.0.1:{}/postgres", free_port());
+    let (e, took) = connect_error(&rt, &nobody);
+    assert!(matches!(e, LockError::Backend(_)), "no server: {e:?}");
+    assert!(took < bound, "no server: {took:?}");
+
+    let wrong = pg.url().replace(":right@", ":wrong@");
+    let (e, took) = connect_error(&rt, &wrong);
+    let text = e.to_string();
+    assert!(
+        matches!(e, LockError::Backend(_) | LockError::Config(_)) && text.contains("password"),
+        "wrong password: {e:?}"
+    );
+    assert!(
+        !text.contains("wrong"),
+        "the password is in the message: {text}"
+    );
+    assert!(took < bound, "wrong password: {took:?}");
+
+    let (e, took) = connect_error(&rt, &pg.url_for("no_such_db"));
+    assert!(
+        matches!(e, LockError::Backend(_) | LockError::Config(_))
+            && e.to_string().contains("no_such_db"),
+        "missing database: {e:?}"
+    );
+    assert!(took < bound, "missing database: {took:?}");
+}
+
+/// A role that may not create the tables (PostgreSQL 15 grants nobody
+/// CREATE on `public`): `connect` is a `Config` error that quotes the SQL
+/// to apply by hand.
+#[test]
+fn a_role_without_create_gets_the_sql_to_apply() {
+    let rt = rt();
+    let pg = PostgresServer::shared();
+    let db = pg.fresh_database();
+    let role = unique("nocreate").replace('-', "_");
+    pg.create_role(&role, None, "");
+    pg.psql_in(&db, "REVOKE CREATE ON SCHEMA public FROM PUBLIC");
+    let url = format!("postgres://{role}@127.0.0.1:{}/{db}", pg.port());
+    let (e, took) = connect_error(&rt, &url);
+    let LockError::Config(text) = &e else {
+        panic!("expected Config, got {e:?}");
+    };
+    assert!(
+        text.contains("CREATE TABLE IF NOT EXISTS lock_holders"),
+        "the error does not quote the schema: {text}"
+    );
+    assert!(took < Duration::from_secs(5), "{took:?}");
+
+    // Applied by hand (the SQL the error quotes), the role can lock.
+    let schema = include_str!("../../lock-runtime/sql/schema.sql");
+    pg.psql_in(&db, schema);
+    for f in std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../lock-runtime/sql"))
+        .unwrap()
+        .flatten()
+        .filter(|f| f.file_name() != "schema.sql")
+    {
+        pg.psql_in(&db, &std::fs::read_to_string(f.path()).unwrap());
+    }
+    pg.psql_in(
+        &db,
+        &format!("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role}"),
+    );
+    let client = rt.block_on(LockClient::connect(&url)).unwrap();
+    let g = rt
+        .block_on(client.lock(unique("byhand")).into_future())
+        .unwrap();
+    rt.block_on(g.release()).unwrap();
+}
+
+/// `statement_timeout` and `idle_in_transaction_session_timeout` set on the
+/// role (1 ms, as a strict DBA might): each lock call ends within its
+/// bound, `Ok` or a clear error, never a hang.
+#[test]
+fn role_timeouts_give_results_or_clear_errors_in_bounded_time() {
+    let rt = rt();
+    let pg = PostgresServer::shared();
+    for setting in ["statement_timeout", "idle_in_transaction_session_timeout"] {
+        let db = pg.fresh_database();
+        let role = unique("strict").replace('-', "_");
+        pg.create_role(&role, None, "SUPERUSER");
+        pg.psql(&format!("ALTER ROLE {role} SET {setting} = '1ms'"));
+        let url = format!("postgres://{role}@127.0.0.1:{}/{db}", pg.port());
+        let started = Instant::now();
+        let out = rt.block_on(async {
+            let client = LockClient::builder()
+                .connect_timeout(Duration::from_secs(2))
+                .op_timeout(Duration::from_secs(2))
+                .connect(&url)
+                .await?;
+            for _ in 0..20 {
+                let g = client
+                    .lock(unique("strict"))
+                    .wait(Duration::from_secs(2))
+                    .await?;
+                g.release().await?;
+            }
+            Ok::<_, LockError>(())
+        });
+        let took = started.elapsed();
+        println!("{setting} = 1ms on the role: {out:?} in {took:?}");
+        assert!(took < Duration::from_secs(30), "{setting}: {took:?}");
+        if let Err(e) = out {
+            assert!(
+                matches!(e, LockError::Backend(_) | LockError::Config(_))
+                    && e.to_string().contains(setting.split('_').next().unwrap()),
+                "{setting}: {e:?}"
+            );
+        }
+    }
+}
+
+/// Renewals are HOT updates (no index covers the lease end), and once
+/// vacuumed the tables take no new space for the same churn. The sizes are
+/// printed; 10^6 cycles are the bench's (`scripts/bench.sh`).
+#[test]
+fn renewals_stay_hot_and_cycles_leave_the_tables_small() {
+    let rt = rt();
+    let pg = PostgresServer::shared();
+    let db = pg.fresh_database();
+    let url = pg.url_for(&db);
+    let client = rt
+        .block_on(
+            LockClient::builder()
+                .lease(Duration::from_millis(600))
+                .connect(&url),
+        )
+        .unwrap();
+    // 200 holds renewed every ~200 ms for 3 s.
+    let held: Vec<_> = (0..200)
+        .map(|_| {
+            rt.block_on(client.lock(unique("hot")).into_future())
+                .unwrap()
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(held.iter().all(|g| !g.is_lost()));
+    for g in held {
+        rt.block_on(g.release()).unwrap();
+    }
+    let size_of = |t: &str| pg.table_size_in(&db, t);
+    let cycles = |n: usize| {
+        let keys: Vec<String> = (0..50).map(|_| unique("cycle")).collect();
+        rt.block_on(async {
+            let mut tasks = Vec::new();
+            for t in 0..8 {
+                let (c, keys) = (client.clone(), keys.clone());
+                tasks.push(tokio::spawn(async move {
+                    for i in 0..n / 8 {
+                        let g = c.lock(&keys[(t * 7 + i) % keys.len()]).await.unwrap();
+                        g.release().await.unwrap();
+                    }
+                }));
+            }
+            for t in tasks {
+                t.await.unwrap();
+            }
+        });
+    };
+    // Without vacuum every cycle leaves a dead row version (an insert and
+    // a delete); autovacuum (every minute by default) makes its space
+    // reusable: after one vacuum the same churn needs no new space.
+    let vacuum = || pg.psql_in(&db, "VACUUM lock_holders, lock_fences");
+    cycles(3_000);
+    let unvacuumed = (size_of("lock_holders"), size_of("lock_fences"));
+    vacuum();
+    cycles(3_000);
+    vacuum();
+    let after_first = (size_of("lock_holders"), size_of("lock_fences"));
+    for _ in 0..2 {
+        cycles(3_000);
+        vacuum();
+    }
+    let after_all = (size_of("lock_holders"), size_of("lock_fences"));
+    rt.block_on(client.close(Duration::from_secs(1)));
+    drop(client);
+    // A backend reports its table statistics when it ends.
+    rt.block_on(async {
+        assert!(eventually(Duration::from_secs(10), || pg.connections_to(&db) == 0).await);
+    });
+    let stats = pg.query_in(
+        &db,
+        "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'lock_holders'",
+    );
+    let (upd, hot): (u64, u64) = (stats[0][0].parse().unwrap(), stats[0][1].parse().unwrap());
+    println!(
+        "lock_holders: {upd} updates, {hot} HOT; 3,000 cycles on 50 names without vacuum: \
+         lock_holders {} kB, lock_fences {} kB; vacuumed after each 3,000, after 6,000 / 12,000: \
+         lock_holders {} / {} kB, lock_fences {} / {} kB",
+        unvacuumed.0 / 1024,
+        unvacuumed.1 / 1024,
+        after_first.0 / 1024,
+        after_all.0 / 1024,
+        after_first.1 / 1024,
+        after_all.1 / 1024
+    );
+    assert!(upd >= 2_000, "the renewals were not counted: {upd}");
+    assert!(hot * 10 >= upd * 9, "only {hot} of {upd} updates were HOT");
+    assert!(
+        after_all.0 <= after_first.0 + after_first.0 / 4 + 65_536,
+        "vacuumed, lock_holders still grew from {} to {} bytes",
+        after_first.0,
+        after_all.0
+    );
+    assert!(
+        after_all.1 <= after_first.1 + after_first.1 / 4 + 65_536,
+        "vacuumed, lock_fences still grew from {} to {} bytes",
+        after_first.1,
+        after_all.1
+    );
+}
+
+/// docs/POSTGRES.md prints every SQL file the client runs, as it is: a
+/// team that migrates by hand applies what the client would.
+#[test]
+fn docs_print_the_sql_the_client_runs() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let doc = std::fs::read_to_string(format!("{root}/docs/POSTGRES.md")).unwrap();
+    let mut files = 0;
+    for f in std::fs::read_dir(format!("{root}/lock-runtime/sql"))
+        .unwrap()
+        .flatten()
+    {
+        let name = f.file_name().to_string_lossy().into_owned();
+        let sql = std::fs::read_to_string(f.path()).unwrap();
+        let block = format!(
+            "`lock-runtime/sql/{name}`:\n\n```sql\n{}\n```",
+            sql.trim_end()
+        );
+        assert!(
+            doc.contains(&block),
+            "docs/POSTGRES.md does not print lock-runtime/sql/{name} as it is \
+             (copy it between the schema markers)"
+        );
+        files += 1;
+    }
+    assert!(files >= 2, "no SQL files found");
+}
