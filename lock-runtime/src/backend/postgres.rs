@@ -155,10 +155,17 @@ impl PostgresBackend {
     }
 
     /// The release function run as `owner` (`forced`: an operator's).
-    async fn run_release(&self, name: &LockName, owner: &str, forced: bool) -> Result<i32, Fault> {
-        let rows = self
+    /// The release function's answer (1: released), and whether it answers
+    /// a resend after an earlier send that may have run.
+    async fn run_release(
+        &self,
+        name: &LockName,
+        owner: &str,
+        forced: bool,
+    ) -> Result<(i32, bool), Fault> {
+        let (rows, repeated) = self
             .pool
-            .query(
+            .query_sent(
                 Pool::route(&name.hash),
                 "releasing a lock",
                 "SELECT lock_release_v1($1, $2, $3)",
@@ -167,9 +174,10 @@ impl PostgresBackend {
                     (&owner, Type::TEXT),
                     (&forced, Type::BOOL),
                 ],
+                None,
             )
             .await?;
-        Ok(one(&rows, "releasing a lock")?.get(0))
+        Ok((one(&rows, "releasing a lock")?.get(0), repeated))
     }
 
     pub(crate) async fn release(
@@ -178,7 +186,11 @@ impl PostgresBackend {
         owner: &Arc<str>,
     ) -> Result<Released, Fault> {
         Ok(match self.run_release(name, owner, false).await? {
-            1 => Released::Freed,
+            (1, _) => Released::Freed,
+            // An earlier send whose reply was lost may have released it, and
+            // a waiter may have taken it since: nothing here says it was
+            // lost before (as a repeated release on Redis).
+            (_, true) => Released::Freed,
             _ => Released::NotOwner,
         })
     }

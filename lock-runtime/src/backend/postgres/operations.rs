@@ -44,7 +44,7 @@ impl PostgresBackend {
     pub(crate) async fn force_release(&self, name: &LockName) -> Result<Vec<String>, Fault> {
         let mut removed = Vec::new();
         for holder in self.inspect(name).await?.holders {
-            if self.run_release(name, &holder, true).await? == 1 {
+            if self.run_release(name, &holder, true).await?.0 == 1 {
                 removed.push(holder);
             }
         }
@@ -61,7 +61,7 @@ impl PostgresBackend {
         if !self.inspect(name).await?.holds(holder) {
             return Ok(false);
         }
-        Ok(self.run_release(name, holder, true).await? == 1)
+        Ok(self.run_release(name, holder, true).await?.0 == 1)
     }
 
     /// The lock names held or awaited that match the glob `pattern`.

@@ -123,6 +123,20 @@ impl Pool {
         params: &[Param<'_>],
         by: Option<Instant>,
     ) -> Result<Vec<Row>, Fault> {
+        Ok(self.query_sent(route, what, sql, params, by).await?.0)
+    }
+
+    /// [`query_by`](Self::query_by), saying too whether the rows answer a
+    /// resend after an earlier send that may have run (its reply lost): a
+    /// release that then finds nothing was most likely that send's.
+    pub(crate) async fn query_sent(
+        &self,
+        route: usize,
+        what: &str,
+        sql: &str,
+        params: &[Param<'_>],
+        by: Option<Instant>,
+    ) -> Result<(Vec<Row>, bool), Fault> {
         let mut op = self.settings.op_timeout;
         let mut deadline = Instant::now() + op;
         if let Some(by) = by.filter(|by| *by < deadline) {
@@ -130,11 +144,12 @@ impl Pool {
             op = by.saturating_duration_since(Instant::now());
         }
         let mut pause = RETRY_PAUSE;
+        let mut repeated = false;
         loop {
             let client = self.client(route, deadline).await?;
             let out = tokio::time::timeout_at(deadline, client.query_typed(sql, params)).await;
             let fault = match out {
-                Ok(Ok(rows)) => return Ok(rows),
+                Ok(Ok(rows)) => return Ok((rows, repeated)),
                 Ok(Err(e)) => {
                     if e.is_closed() || client.is_closed() {
                         self.drop_conn(route, &client);
@@ -146,6 +161,7 @@ impl Pool {
             if !fault.is_transient() || Instant::now() + pause >= deadline {
                 return Err(fault);
             }
+            repeated |= fault.may_have_run();
             tracing::debug!(error = %fault, "lock statement failed; sending it again");
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_millis(200));
