@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockError};
+use tests::proxy::{Mode, Proxy};
 use tests::{free_port, unique, RedisServer};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -92,4 +93,32 @@ async fn a_first_open_refused_by_auth_is_tried_again() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(!guard.is_lost(), "renewals failed after the user was made");
     guard.release().await.expect("held to the end");
+}
+
+/// A host that accepts connections and never answers (a stalled server
+/// behind a live port): a lazy client's first call gives up on an open
+/// after `connect_timeout`, as `connect` does, and a call with wait left
+/// opens again rather than sit on the first open for its whole wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_call_against_a_host_that_never_answers() {
+    tests::init_tracing();
+    let server = RedisServer::start();
+    let proxy = Proxy::for_server(&server);
+    proxy.set(Mode::Blackhole);
+    let (connect_timeout, op_timeout) = (Duration::from_millis(500), Duration::from_millis(500));
+    let client = LockClient::builder()
+        .connect_timeout(connect_timeout)
+        .op_timeout(op_timeout)
+        .connect_lazy(&proxy.url())
+        .unwrap();
+    for wait in [Duration::ZERO, Duration::from_secs(4)] {
+        let asked = Instant::now();
+        let out = client.lock(unique("silent")).wait(wait).await;
+        let took = asked.elapsed();
+        println!(
+            "a host that never answers: wait {wait:?}, failed after {took:?}: {out:?}; accepted {}",
+            proxy.stats().accepted
+        );
+        assert!(matches!(out, Err(LockError::Backend(_))), "{out:?}");
+    }
 }
