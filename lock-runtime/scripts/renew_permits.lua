@@ -16,7 +16,11 @@ for i = 1, #KEYS do
     ends, tok = string.match(cur, '^(%d+) (%S+)$')
   end
   if ends and tonumber(ends) > now then
-    redis.call('hset', sem, o, (now + lease) .. ' ' .. tok)
+    -- Only lengthened: a renewal still on its way after a min_hold was
+    -- stretched to leaves that permit's end as it is.
+    if now + lease > tonumber(ends) then
+      redis.call('hset', sem, o, (now + lease) .. ' ' .. tok)
+    end
     if redis.call('pttl', sem) < lease then
       redis.call('pexpire', sem, lease)
     end

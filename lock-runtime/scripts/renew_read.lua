@@ -17,7 +17,11 @@ for i = 1, #KEYS / 2 do
   local ends = type(cur) == 'string' and (cur == '~r' or string.sub(cur, 1, 3) == '~r ')
     and tonumber(redis.call('zscore', readers, o))
   if ends and ends > now then
-    redis.call('zadd', readers, now + lease, o)
+    -- Only lengthened: a renewal still on its way after a min_hold was
+    -- stretched to leaves that reader's end as it is.
+    if now + lease > ends then
+      redis.call('zadd', readers, now + lease, o)
+    end
     local longest = tonumber(redis.call('zrange', readers, -1, -1, 'WITHSCORES')[2])
     redis.call('pexpire', lock, longest - now)
     redis.call('pexpire', readers, longest - now)

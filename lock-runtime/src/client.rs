@@ -222,7 +222,7 @@ impl LockClient {
         deadline: Option<tokio::time::Instant>,
     ) {
         let client = self.clone();
-        let busy = self.inner.shutdown.background();
+        let busy = self.inner.shutdown.releasing();
         self.inner.io.spawn(async move {
             match client.inner.backend.release(&name, &owner, deadline).await {
                 Ok(Released::NotOwner) => {
@@ -262,7 +262,7 @@ impl LockClient {
         owner: Arc<str>,
     ) {
         let client = self.clone();
-        let busy = self.inner.shutdown.background();
+        let busy = self.inner.shutdown.releasing();
         self.inner.io.spawn_behind(from, async move {
             if let Err(e) = client.inner.backend.undo(&name, &owner).await {
                 tracing::warn!(key = %name.key, error = %e, "taking back a lock attempt failed; what it took expires with its lease");
@@ -284,7 +284,7 @@ impl LockClient {
         deadline: Option<tokio::time::Instant>,
     ) {
         let client = self.clone();
-        let busy = self.inner.shutdown.background();
+        let busy = self.inner.shutdown.releasing();
         self.inner.io.spawn(async move {
             let backend = &client.inner.backend;
             let out = match protocol::keep_for(until, tokio::time::Instant::now()) {

@@ -19,10 +19,15 @@ impl LockClient {
     /// told so as by any loss (`on_lost = "abort"` stops it with
     /// [`LockError::Lost`](crate::LockError::Lost); `"continue"` lets it
     /// run on without the lock), and its guard's `release()` says `Lost`.
-    /// Releases already under way in the background (dropped guards) are
-    /// waited for too, at most one operation timeout.
+    /// A body's own release counts as part of its grace: the close returns
+    /// once it has reached Redis. Releases still under way after the grace
+    /// (also in the background, from dropped guards) are waited for too, at
+    /// most one operation timeout more.
     ///
-    /// Clones share the closed state; calling it twice is harmless. A hold
+    /// Clones share the closed state. The close runs once, in the
+    /// background: a second call, concurrent or later, and a call made
+    /// after an earlier one was cancelled, all return when that one close
+    /// is through (with the first call's grace). A hold
     /// cut this way is released even if it has a `min_hold` left: its
     /// work did not finish, and another instance may redo it.
     ///
@@ -40,10 +45,30 @@ impl LockClient {
     /// # Ok(()) }
     /// ```
     pub async fn close(&self, grace: Duration) {
+        let shutdown = &self.inner.shutdown;
+        shutdown.close();
+        // Run once, as a task of the client's own: a second call, or one
+        // made while the first is cancelled, waits for the same releases.
+        if let Some(closing) = shutdown.start_close() {
+            let client = self.clone();
+            self.inner.io.spawn(async move {
+                client.close_once(grace).await;
+                drop(closing);
+            });
+        }
+        shutdown.close_finished().await;
+    }
+
+    async fn close_once(&self, grace: Duration) {
         let inner = &self.inner;
-        inner.shutdown.close();
+        // Bodies finish and their guards' releases land (a guard counts its
+        // release before its hold leaves the watchdog).
+        let finished = async {
+            inner.watchdog.idle().await;
+            inner.shutdown.releases_done().await;
+        };
         tokio::select! {
-            () = inner.watchdog.idle() => {}
+            () = finished => {}
             () = self.sleep(grace) => {}
         }
         let left = inner.watchdog.close();
@@ -67,7 +92,7 @@ impl LockClient {
             }
         }
         tokio::select! {
-            () = inner.shutdown.background_idle() => {}
+            () = inner.shutdown.releases_done() => {}
             () = self.sleep(inner.config.op_timeout) => {}
         }
     }

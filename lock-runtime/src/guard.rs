@@ -170,12 +170,15 @@ impl LockGuard {
     /// Resolves when the lock is lost (never, if it is released first).
     /// Race work against it to stop as soon as exclusivity is gone.
     pub fn lost(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let first = self.hold.held.lost();
+        // The clock says lost at the deadline, also while the watchdog's
+        // timer is late: on the timers of the client's background work.
+        let timer = self.hold.client.inner.io.handle();
+        let first = self.hold.held.lost(&timer);
         // Boxed only for a multi-key guard: a single key allocates nothing.
         let others: Vec<_> = self
             .others()
             .iter()
-            .map(|g| Box::pin(g.hold.held.lost()))
+            .map(|g| Box::pin(g.hold.held.lost(&timer)))
             .collect();
         async move {
             if others.is_empty() {
@@ -208,6 +211,10 @@ impl LockGuard {
 
     async fn release_one(mut self) -> Result<(), LockError> {
         self.done = true;
+        // Counted before the hold leaves the watchdog, until the release
+        // has landed: a close waits for it (dropped unfinished, after the
+        // background release below has taken over the count).
+        let _releasing = self.hold.client.inner.shutdown.releasing();
         let Some(Left { was_lost, deadline }) = self.leave() else {
             return if self.hold.is_lost() {
                 Err(self.lost_error())
@@ -319,6 +326,9 @@ impl Drop for LockGuard {
         if self.done {
             return;
         }
+        // Counted from before the hold leaves the watchdog until the
+        // background release is counted in its own right.
+        let _releasing = self.hold.client.inner.shutdown.releasing();
         if let Some(left) = self.leave() {
             self.hold.end_in_background(left.deadline);
         }

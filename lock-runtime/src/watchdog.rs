@@ -129,6 +129,19 @@ impl LostSignal {
             .store(u64::try_from(ns).unwrap_or(u64::MAX), Ordering::Release);
     }
 
+    /// The deadline (`None`: none, the hold was released).
+    fn deadline(&self) -> Option<Instant> {
+        let ns = self.deadline_ns.load(Ordering::Acquire);
+        (ns != u64::MAX)
+            .then(|| self.since.checked_add(Duration::from_nanos(ns)))
+            .flatten()
+    }
+
+    /// Released: no deadline any more, the clock says nothing about it.
+    fn released(&self) {
+        self.deadline_ns.store(u64::MAX, Ordering::Release);
+    }
+
     /// Past the deadline by the clock: the lock may be someone else's.
     fn past_deadline(&self) -> bool {
         let now = Instant::now()
@@ -198,8 +211,15 @@ impl Held {
     }
 
     /// Resolves when the lock is lost; never, if it is released first.
-    pub(crate) fn lost(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+    /// Like [`is_lost`](Self::is_lost), by the clock too: at its deadline,
+    /// whether or not the watchdog's round has ended (an abort must not
+    /// wait for it). `timer`: the runtime whose clock the deadlines are on.
+    pub(crate) fn lost(
+        &self,
+        timer: &tokio::runtime::Handle,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
         let signal = self.lost.clone();
+        let timer = timer.clone();
         async move {
             loop {
                 let notified = signal.notify.notified();
@@ -210,7 +230,25 @@ impl Held {
                 if signal.is_set() {
                     return;
                 }
-                notified.await;
+                if signal.past_deadline() {
+                    signal.set();
+                    return;
+                }
+                match signal.deadline() {
+                    Some(deadline) => {
+                        // Boxed: waited on once per renewal at most, and it
+                        // keeps the body's future small.
+                        let at = {
+                            let _rt = timer.enter();
+                            Box::pin(tokio::time::sleep_until(deadline))
+                        };
+                        tokio::select! {
+                            () = notified => {}
+                            () = at => {}
+                        }
+                    }
+                    None => notified.await,
+                }
             }
         }
     }
@@ -335,6 +373,8 @@ impl Watchdog {
         if let std::collections::hash_map::Entry::Occupied(e) = entries.entry(key) {
             if e.get().id == held.id {
                 deadline = Some(e.remove().timing.deadline);
+                // A `lost()` still awaited is not woken by the clock now.
+                held.lost.released();
                 if entries.is_empty() {
                     self.shared.emptied.notify_waiters();
                 }
@@ -656,6 +696,7 @@ mod tests {
     use super::*;
     use crate::backend::fake::BoxFuture;
     use crate::key::LockName;
+    use tokio::runtime::Handle;
 
     /// A holder asks past its deadline while the watchdog's timer has not
     /// run (a busy or paused I/O thread): the clock says lost, and it stays
@@ -682,9 +723,44 @@ mod tests {
         assert!(held.is_lost());
         assert_eq!(held.ended().map(|(why, _)| why), Some(Ended::Lost));
         // And the `lost()` future resolves.
-        tokio::time::timeout(Duration::from_millis(1), held.lost())
+        tokio::time::timeout(Duration::from_millis(1), held.lost(&Handle::current()))
             .await
             .expect("lost() did not resolve");
+    }
+
+    /// Renewals fail at once and the watchdog's round has not ended (its
+    /// timer is late, or it waits for another answer): `lost()`, which an
+    /// `on_lost = "abort"` body is raced against, resolves at the deadline
+    /// by the clock, as `is_lost()` says. Before, it waited for the
+    /// watchdog to set the flag, a round's end after the deadline: a window
+    /// with two bodies running.
+    #[tokio::test(start_paused = true)]
+    async fn lost_resolves_at_the_deadline_by_the_clock() {
+        let start = Instant::now();
+        let held = Held {
+            id: 1,
+            lost: Arc::new(LostSignal::new(start, start + Duration::from_secs(1))),
+        };
+        let lost = tokio::spawn(held.lost(&Handle::current()));
+        tokio::time::advance(Duration::from_millis(600)).await;
+        // A renewal answered: the deadline moves on, and the future with it.
+        held.lost.book(start + Duration::from_secs(2));
+        let told = tokio::time::timeout(Duration::from_secs(10), lost).await;
+        assert!(told.is_ok(), "lost() did not resolve by the deadline");
+        assert_eq!(Instant::now() - start, Duration::from_secs(2));
+        assert!(held.is_lost());
+        // A hold released before its deadline is never lost by the clock.
+        let released = Held {
+            id: 2,
+            lost: Arc::new(LostSignal::new(
+                start,
+                Instant::now() + Duration::from_secs(1),
+            )),
+        };
+        released.lost.released();
+        let quiet =
+            tokio::time::timeout(Duration::from_secs(5), released.lost(&Handle::current())).await;
+        assert!(quiet.is_err(), "a released hold was told it was lost");
     }
 
     /// Answers a renewal only when told to.
@@ -760,7 +836,8 @@ mod tests {
         gate.sent.notified().await;
         let granted = Instant::now();
         let short = dog.insert(renewal("short", 1), granted, Duration::ZERO, None);
-        let told = tokio::time::timeout(Duration::from_secs(5), short.lost()).await;
+        let told =
+            tokio::time::timeout(Duration::from_secs(5), short.lost(&Handle::current())).await;
         assert!(
             told.is_ok(),
             "a 1 s hold taken while a round was out was not declared lost 5 s later"

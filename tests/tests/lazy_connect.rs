@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockError};
+use tests::proxy::{Mode, Proxy};
 use tests::{free_port, unique, RedisServer};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -91,5 +92,62 @@ async fn a_first_open_refused_by_auth_is_tried_again() {
     // Held past two renewals of its 1 s lease.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(!guard.is_lost(), "renewals failed after the user was made");
+    guard.release().await.expect("held to the end");
+}
+
+/// A host that accepts connections and never answers (a stalled server
+/// behind a live port). A lazy client's first call that may try once
+/// fails within one attempt (`connect_timeout` + `op_timeout`), as
+/// `connect` would; a call with wait left does not sit on its first open
+/// for its whole wait: it opens anew while the host stays silent, and
+/// takes the lock once the host answers. (Issue 40 read that the first call
+/// took its whole wait instead of `connect_timeout`: it takes its wait
+/// only while nothing answers, as a connected client's call does when its
+/// Redis goes silent, and failing sooner would fail a call with time left.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_call_against_a_host_that_never_answers() {
+    tests::init_tracing();
+    let server = RedisServer::start();
+    let proxy = Proxy::for_server(&server);
+    proxy.set(Mode::Blackhole);
+    let (connect_timeout, op_timeout) = (Duration::from_millis(300), Duration::from_secs(1));
+    let client = LockClient::builder()
+        .connect_timeout(connect_timeout)
+        .op_timeout(op_timeout)
+        .connect_lazy(&proxy.url())
+        .unwrap();
+    let asked = Instant::now();
+    let out = client.lock(unique("silent")).wait(Duration::ZERO).await;
+    let took = asked.elapsed();
+    println!("a host that never answers: a call that tries once failed after {took:?}: {out:?}");
+    assert!(matches!(out, Err(LockError::Backend(_))), "{out:?}");
+    assert!(
+        took < connect_timeout + op_timeout + Duration::from_secs(1),
+        "took {took:?}"
+    );
+
+    let key = unique("silent-then-up");
+    let wait = Duration::from_secs(10);
+    let call = tokio::spawn({
+        let client = client.clone();
+        async move {
+            let asked = Instant::now();
+            let out = client.lock(&key).wait(wait).await;
+            (out, asked.elapsed())
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let opened = proxy.stats().accepted;
+    // The stalled server is replaced: what it held is gone, the port answers.
+    proxy.set(Mode::Pass);
+    proxy.cut();
+    let (out, took) = call.await.unwrap();
+    println!("the host answered 2 s into a call with wait {wait:?}: {took:?}, {opened} connections opened while silent");
+    let guard = out.expect("a call with wait left takes the lock once the host answers");
+    assert!(took < wait, "{took:?}");
+    assert!(
+        opened > 2,
+        "the first call sat on one open: {opened} connections"
+    );
     guard.release().await.expect("held to the end");
 }

@@ -456,6 +456,44 @@ async fn a_call_with_wait_left_keeps_trying_while_nodes_answer_slowly() {
     guard.release().await.unwrap();
 }
 
+/// Every node extends a hold, slowly: replies come 0.6 × `op_timeout`
+/// (1 s) late, and the lease (3 s) is under 6 × `op_timeout`. The hold is
+/// kept: a renewal may wait for its answers as long as a lock's own sends
+/// do. Before, each node's renewal was cut at lease/10 (300 ms), every
+/// node's answer counted as none, and the hold was lost at its lease while
+/// every node had extended it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_answered_within_op_timeout_keep_a_hold_with_a_short_lease() {
+    tests::init_tracing();
+    let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let proxies: Vec<Proxy> = nodes.iter().map(Proxy::for_server).collect();
+    let op_timeout = Duration::from_secs(1);
+    let client = LockClient::builder()
+        .op_timeout(op_timeout)
+        .redlock(proxies.iter().map(Proxy::url).collect::<Vec<_>>())
+        .await
+        .expect("connect Redlock");
+    let key = unique("slow-renewals");
+    let guard = client
+        .lock(&key)
+        .lease(Duration::from_secs(3))
+        .await
+        .unwrap();
+    for p in &proxies {
+        p.set(Mode::DelayReplies(op_timeout * 6 / 10));
+    }
+    // Time is the subject: two leases with every answer late.
+    let lost = tokio::time::timeout(Duration::from_secs(6), guard.lost()).await;
+    for p in &proxies {
+        p.set(Mode::Pass);
+    }
+    assert!(
+        lost.is_err(),
+        "the hold was lost while every node extended it"
+    );
+    guard.release().await.expect("held to the end");
+}
+
 // ---------------------------------------------------------------------------
 // Semaphores: a permit needs ⌊N·M/(N+1)⌋ + 1 of the M nodes.
 

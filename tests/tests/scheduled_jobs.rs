@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use lock_runtime::{distributed_lock, LockClient, LockError};
-use tests::{eventually, global, unique};
+use tests::proxy::{Mode, Proxy};
+use tests::{eventually, global, unique, RedisServer};
 
 static RAN: AtomicU32 = AtomicU32::new(0);
 
@@ -330,5 +331,62 @@ async fn a_min_hold_longer_than_the_lease_holds_past_the_lease() {
     assert!(
         ttl.is_some_and(|t| t > Duration::from_secs(2)),
         "in memory: {ttl:?} left of a 5 s min_hold"
+    );
+}
+
+/// A watchdog round sent just before the release of a hold whose
+/// `min_hold` (20 s) outlasts its lease (3 s) lands between the stretch to
+/// `min_hold` and `keep.lua`: the round goes over the I/O thread's
+/// connection (its requests 300 ms late here), the release's commands over
+/// the caller's (its replies 600 ms late). The stale renewal must not bring
+/// the lock back down to its lease, or the job runs twice in its period.
+/// Before, `renew.lua`'s unconditional `PEXPIRE` did so (and `keep.lua`
+/// only shortens): PTTL about 2 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_in_flight_does_not_undo_a_min_hold_longer_than_the_lease() {
+    tests::init_tracing();
+    let server = RedisServer::start();
+    let proxy = Proxy::for_server(&server);
+    let client = LockClient::connect(&proxy.url()).await.unwrap();
+    let key = unique("min-hold-renewed");
+    let name = lock_key(&key);
+    // Taken in a task, as it is released: the caller's connection is
+    // open by the time of the release.
+    let guard = tokio::spawn({
+        let (client, key) = (client.clone(), key.clone());
+        async move {
+            client
+                .lock(&key)
+                .lease(Duration::from_secs(3))
+                .min_hold(Duration::from_secs(20))
+                .await
+        }
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    // The next command naming the lock is the watchdog's round, 1 s on.
+    proxy.slow_connection_of(name.as_bytes(), Duration::from_millis(300), Duration::ZERO);
+    assert!(
+        eventually(Duration::from_secs(10), || proxy.stats().slowed == 1).await,
+        "the round went out"
+    );
+    proxy.set(Mode::DelayReplies(Duration::from_millis(600)));
+    let released = Instant::now();
+    // Released from a task: over its runtime's connection.
+    tokio::spawn(guard.release())
+        .await
+        .unwrap()
+        .expect("held to the end");
+    proxy.set(Mode::Pass);
+    proxy.end_slow_spell();
+    let pttl: i64 = server.cmd(&["PTTL", &name]);
+    println!(
+        "PTTL {pttl} ms after a release {:?} long",
+        released.elapsed()
+    );
+    assert!(
+        pttl > 15_000,
+        "a renewal in flight undid the 20 s min_hold: PTTL {pttl} ms"
     );
 }

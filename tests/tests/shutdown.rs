@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockError, OnLost};
+use tests::proxy::{Mode, Proxy};
 use tests::{eventually, unique, RedisServer};
 
 /// Long enough that a waiter served by expiry rather than by the close
@@ -208,4 +209,79 @@ async fn a_body_still_running_after_its_grace_is_told_its_lock_is_lost() {
     assert!(!cont.is_finished());
     go_on_tx.send(()).unwrap();
     assert_eq!(cont.await.unwrap().unwrap(), "finished");
+}
+
+/// A service's client of a Redis reached through a fault proxy.
+async fn service_behind_proxy() -> (RedisServer, Proxy, LockClient) {
+    let server = RedisServer::start();
+    let proxy = Proxy::for_server(&server);
+    let service = LockClient::builder()
+        .lease(LEASE)
+        .connect(&proxy.url())
+        .await
+        .unwrap();
+    (server, proxy, service)
+}
+
+/// A body has just ended: its guard's release is on its way to Redis
+/// (300 ms away here). `close(60s)` returns only once that release has
+/// landed: the key is gone the moment it returns. Before, the hold left
+/// the watchdog before the release was sent, and the close, which waited
+/// for the watchdog and background work only, returned at once: the
+/// process would exit and the lock sit out its lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_returns_only_once_a_finishing_bodys_release_has_landed() {
+    tests::init_tracing();
+    let (server, proxy, service) = service_behind_proxy().await;
+    let key = unique("finishing");
+    let guard = service.lock(&key).await.unwrap();
+    proxy.set(Mode::Delay(Duration::from_millis(300)));
+    let releasing = tokio::spawn(guard.release());
+    // The hold has left the watchdog: its release is on the wire.
+    assert!(eventually(Duration::from_secs(10), || service.held_count() == 0).await);
+    service.close(Duration::from_secs(60)).await;
+    assert!(
+        !server.exists(&format!("lock:{{{key}}}")),
+        "close returned before the body's release reached Redis"
+    );
+    releasing.await.unwrap().expect("held to the end");
+}
+
+/// The close runs once: after a close that was cancelled (a shutdown hook
+/// with a short timeout), the next call returns only once the releases the
+/// first one started have landed; a call after that returns at once. Before,
+/// the cancelled close dropped its releases unsent or half way, and the
+/// second call found nothing to wait for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_close_waits_for_the_releases_of_a_cancelled_first_one() {
+    tests::init_tracing();
+    let (server, proxy, service) = service_behind_proxy().await;
+    let keys = [unique("closing-twice"), unique("closing-twice")];
+    let mut held = Vec::new();
+    for k in &keys {
+        held.push(service.lock(k).await.unwrap());
+    }
+    proxy.set(Mode::Delay(Duration::from_millis(300)));
+    let cancelled =
+        tokio::time::timeout(Duration::from_millis(50), service.close(Duration::ZERO)).await;
+    assert!(cancelled.is_err(), "the first close waited for nothing");
+    // Another task closes meanwhile, and this one again.
+    let other = tokio::spawn({
+        let service = service.clone();
+        async move { service.close(Duration::ZERO).await }
+    });
+    service.close(Duration::ZERO).await;
+    for k in &keys {
+        assert!(
+            !server.exists(&format!("lock:{{{k}}}")),
+            "close returned before the first close's releases landed"
+        );
+    }
+    tokio::time::timeout(Duration::from_secs(10), other)
+        .await
+        .expect("the concurrent close returned")
+        .unwrap();
+    for g in held {
+        assert!(matches!(g.release().await, Err(LockError::Lost { .. })));
+    }
 }

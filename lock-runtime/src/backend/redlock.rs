@@ -487,11 +487,17 @@ impl Shared {
         }
     }
 
+    /// Renew a batch on every node. Each node's answer may take as long
+    /// as any command's (`op_timeout`), not the acquire's lease/10: a
+    /// renewal's deadline counts from when it was sent, so a late answer
+    /// takes nothing from the hold, and the watchdog stops waiting at the
+    /// holds' deadlines anyway. Cut shorter, nodes that all extended a hold
+    /// (answering at 0.6 × `op_timeout` under a lease below 6 ×
+    /// `op_timeout`) counted as none, and the hold was lost.
     async fn renew(&self, batch: Vec<Renewal>) -> Vec<Renewed> {
-        let shortest = batch.iter().map(|r| r.lease).min().unwrap_or_default();
         let batch = &batch;
         let answers = self
-            .all(self.node_timeout(shortest), |s| async move {
+            .all(self.op_timeout, |s| async move {
                 Ok(s.node().await?.renew(batch).await)
             })
             .await;
