@@ -154,6 +154,18 @@ impl LostSignal {
         self.end(Ended::Lost);
     }
 
+    /// Its deadline passed by the clock: lost, or, where that deadline is
+    /// its `max_hold`, ended there on purpose (the watchdog's own tick for
+    /// it may come a moment later).
+    fn lapse(&self) {
+        let cap_ns = u64::from(self.max_hold_ms.load(Ordering::Relaxed)) * 1_000_000;
+        let now = Instant::now()
+            .saturating_duration_since(self.since)
+            .as_nanos();
+        let capped = cap_ns > 0 && u64::try_from(now).unwrap_or(u64::MAX) >= cap_ns;
+        self.end(if capped { Ended::MaxHold } else { Ended::Lost });
+    }
+
     fn end(&self, why: Ended) {
         let _ = self
             .ended
@@ -196,7 +208,7 @@ impl Held {
         // Its deadline passed and the watchdog has not said so yet (its
         // timer is late): lost now, as the watchdog will find.
         if self.lost.past_deadline() {
-            self.lost.set();
+            self.lost.lapse();
             return true;
         }
         false
@@ -231,7 +243,7 @@ impl Held {
                     return;
                 }
                 if signal.past_deadline() {
-                    signal.set();
+                    signal.lapse();
                     return;
                 }
                 match signal.deadline() {
