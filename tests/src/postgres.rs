@@ -5,7 +5,7 @@
 //!
 //! Starting is fast: `initdb` runs once per machine (a template data
 //! directory under the temp dir, keyed by the server's version and this
-//! file's [`TEMPLATE_VERSION`]), and each server copies it. Tests that need
+//! file's `TEMPLATE_VERSION`), and each server copies it. Tests that need
 //! no server of their own share one per test binary ([`PostgresServer::shared`])
 //! and take a fresh database each ([`PostgresServer::fresh_database`]).
 //!
