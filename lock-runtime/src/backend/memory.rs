@@ -592,13 +592,7 @@ impl MemoryBackend {
                     .collect::<Vec<_>>()
             })
             .await;
-        out.unwrap_or_else(|e| {
-            let msg = e.to_string();
-            batch
-                .iter()
-                .map(|_| Renewed::Failed(Fault::other(msg.clone())))
-                .collect()
-        })
+        out.unwrap_or_else(|e| Renewed::all_failed(batch.len(), &e))
     }
 
     pub(crate) async fn subscribe(

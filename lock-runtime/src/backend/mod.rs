@@ -117,6 +117,17 @@ pub(crate) enum Renewed {
     Failed(Fault),
 }
 
+impl Renewed {
+    /// A whole batch's outcome when its one round trip failed: no verdict
+    /// for any of its `n` holds.
+    pub(crate) fn all_failed(n: usize, fault: &Fault) -> Vec<Renewed> {
+        let msg = fault.to_string();
+        (0..n)
+            .map(|_| Renewed::Failed(Fault::other(msg.clone())))
+            .collect()
+    }
+}
+
 /// Where locks live: one variant per deployment, each with the same verbs.
 /// An enum, not a trait object: the set of deployments is closed, and a
 /// match costs less than a boxed future at every call.

@@ -1320,13 +1320,7 @@ impl RedisNode {
             }
             other => other,
         }
-        .unwrap_or_else(|e| {
-            let msg = e.to_string();
-            batch
-                .iter()
-                .map(|_| Renewed::Failed(Fault::other(msg.clone())))
-                .collect()
-        })
+        .unwrap_or_else(|e| Renewed::all_failed(batch.len(), &e))
     }
 
     async fn renew_one(&self, r: &Renewal) -> Renewed {

@@ -259,13 +259,7 @@ impl PostgresBackend {
                     .map(|f| if f { Renewed::Yes } else { Renewed::NotOwner })
                     .collect()
             }
-            Err(e) => {
-                let msg = e.to_string();
-                batch
-                    .iter()
-                    .map(|_| Renewed::Failed(Fault::other(msg.clone())))
-                    .collect()
-            }
+            Err(e) => Renewed::all_failed(batch.len(), &e),
         }
     }
 
