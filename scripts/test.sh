@@ -21,17 +21,25 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-scripts/install-redis.sh
-scripts/install-valkey.sh
-scripts/install-postgres.sh
+# Runs a step and says how long it took.
+timed() {
+  local started=$SECONDS
+  "$@"
+  echo "== test.sh: ${*:1:6}: $((SECONDS - started)) s" >&2
+}
 
-cargo test --workspace --no-run "$@"
+timed scripts/install-redis.sh
+timed scripts/install-valkey.sh
+timed scripts/install-postgres.sh
+
+timed cargo test --workspace --no-run "$@"
 
 # Alone: CPU-bound.
-cargo test --workspace --lib --bins "$@"
-cargo test --workspace --doc "$@"
-cargo test --workspace --test ui "$@"
-cargo test --workspace --test bounded --test races --test failover "$@"
+timed cargo test --workspace --lib --bins "$@"
+timed cargo test --workspace --doc "$@"
+timed cargo test --workspace --test ui "$@"
+timed cargo test --workspace --test bounded --test races --test failover "$@"
+lanes_started=$SECONDS
 
 # Side by side: every other integration test binary, then the Valkey runs.
 # The longest first, so that the lanes end together. The fault suite runs
@@ -111,4 +119,5 @@ for ((n = 0; n < lanes; n++)); do
   cat "$logs/$n"
 done
 grep -h '^FAILED' "$logs"/[0-9]* >&2 || true
+echo "== test.sh: $lanes lanes: $((SECONDS - lanes_started)) s" >&2
 exit "$failed"
