@@ -41,8 +41,10 @@
 -- (failover, restart without persistence, eviction, expiry) still hands
 -- out tokens above every earlier one. They stay strings (Lua writes
 -- numbers with 14 digits, a token has 16), compared as strings while both
--- are 16 digits; anything else takes exact arithmetic, and a counter that
--- is not an integer is an error reply.
+-- are 16 digits; anything else is compared as digit strings and raised
+-- with a carry, exact at any length. A counter that is not an integer, or
+-- whose next token would pass i64::MAX (the largest a reply carries), is
+-- an error reply, and keeps its value.
 -- A write the server refuses (READONLY on a demoted primary, OOM) is
 -- answered with the server's own error, its code first, so that the
 -- client knows to try again. The fast path runs no more Lua than
@@ -77,13 +79,25 @@ if fenced and not reader then
     if type(last) ~= 'string' then
       return redis.error_reply(tostring(last.err) .. ' (token counter ' .. counter .. ')')
     end
-    local n = tonumber(last)
-    if not n or string.find(last, '%D') then
+    local n = string.match(last, '^0*(%d+)$')
+    if not n then
       redis.call('set', counter, last, 'PX', ttl)
       return redis.error_reply('token counter ' .. counter .. ' is not an integer')
     end
-    if n >= tonumber(token) then
-      token = string.format('%.0f', n + 1)
+    -- Exact at any length: compared as strings, raised with a carry.
+    if #n > #token or (#n == #token and n >= token) then
+      local m = '0' .. n
+      local i = #m
+      while string.byte(m, i) == 57 do
+        i = i - 1
+      end
+      token = string.match(string.sub(m, 1, i - 1) .. string.char(string.byte(m, i) + 1)
+        .. string.rep('0', #m - i), '^0*(%d+)$')
+      if #token > 19 or (#token == 19 and token > '9223372036854775807') then
+        -- (Past i64, the largest token a reply carries: refused.)
+        redis.call('set', counter, last, 'PX', ttl)
+        return redis.error_reply('token counter ' .. counter .. ' is at the largest token')
+      end
       redis.call('set', counter, token, 'PX', ttl)
     end
   end
@@ -130,13 +144,24 @@ local function next_token()
     if type(last) ~= 'string' then
       return nil, redis.error_reply(tostring(last.err) .. ' (token counter ' .. counter .. ')')
     end
-    local n = tonumber(last)
-    if not n or string.find(last, '%D') then
+    local n = string.match(last, '^0*(%d+)$')
+    if not n then
       redis.call('set', counter, last, 'PX', ttl)
       return nil, redis.error_reply('token counter ' .. counter .. ' is not an integer')
     end
-    if n >= tonumber(token) then
-      token = string.format('%.0f', n + 1)
+    -- Exact at any length, as the fast path's.
+    if #n > #token or (#n == #token and n >= token) then
+      local m = '0' .. n
+      local i = #m
+      while string.byte(m, i) == 57 do
+        i = i - 1
+      end
+      token = string.match(string.sub(m, 1, i - 1) .. string.char(string.byte(m, i) + 1)
+        .. string.rep('0', #m - i), '^0*(%d+)$')
+      if #token > 19 or (#token == 19 and token > '9223372036854775807') then
+        redis.call('set', counter, last, 'PX', ttl)
+        return nil, redis.error_reply('token counter ' .. counter .. ' is at the largest token')
+      end
       redis.call('set', counter, token, 'PX', ttl)
     end
   end

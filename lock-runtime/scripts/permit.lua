@@ -75,13 +75,25 @@ if held == 0 or (type(held) == 'number' and held < permits) then
         if type(last) ~= 'string' then
           return redis.error_reply(tostring(last.err) .. ' (token counter ' .. counter .. ')')
         end
-        local n = tonumber(last)
-        if not n or string.find(last, '%D') then
+        local n = string.match(last, '^0*(%d+)$')
+        if not n then
           redis.call('set', counter, last, 'PX', fence_ttl)
           return redis.error_reply('token counter ' .. counter .. ' is not an integer')
         end
-        if n >= tonumber(token) then
-          token = string.format('%.0f', n + 1)
+        -- Exact at any length: compared as strings, raised with a carry.
+        if #n > #token or (#n == #token and n >= token) then
+          local m = '0' .. n
+          local i = #m
+          while string.byte(m, i) == 57 do
+            i = i - 1
+          end
+          token = string.match(string.sub(m, 1, i - 1) .. string.char(string.byte(m, i) + 1)
+            .. string.rep('0', #m - i), '^0*(%d+)$')
+          if #token > 19 or (#token == 19 and token > '9223372036854775807') then
+            -- (Past i64, the largest token a reply carries: refused.)
+            redis.call('set', counter, last, 'PX', fence_ttl)
+            return redis.error_reply('token counter ' .. counter .. ' is at the largest token')
+          end
           redis.call('set', counter, token, 'PX', fence_ttl)
         end
       end
@@ -113,24 +125,42 @@ local l = tonumber(lease)
 -- microseconds (or the Redlock floor). Nil and an error reply if the
 -- counter is not one.
 local function next_token()
-  local floor = tonumber(ARGV[6] or '') or tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local floor = ARGV[6] and string.match(ARGV[6], '^0*(%d+)$')
+  if not floor then
+    local us = t[2]
+    if #us < 6 then
+      us = string.sub('00000' .. us, -6)
+    end
+    floor = t[1] .. us
+  end
   local token = floor
-  local last = redis.pcall('set', KEYS[2], string.format('%.0f', floor), 'PX', fence_ttl, 'GET')
+  local last = redis.pcall('set', KEYS[2], floor, 'PX', fence_ttl, 'GET')
   if type(last) == 'table' then
     return nil, redis.error_reply(tostring(last.err) .. ' (token counter ' .. KEYS[2] .. ')')
   end
   if last then
-    local n = tonumber(last)
-    if not n or not string.match(last, '^%d+$') then
+    local n = string.match(last, '^0*(%d+)$')
+    if not n then
       redis.call('set', KEYS[2], last, 'PX', fence_ttl)
       return nil, redis.error_reply('token counter ' .. KEYS[2] .. ' is not an integer')
     end
-    if n >= floor then
-      token = n + 1
-      redis.call('set', KEYS[2], string.format('%.0f', token), 'PX', fence_ttl)
+    -- Exact at any length: compared as strings, raised with a carry.
+    if #n > #floor or (#n == #floor and n >= floor) then
+      local m = '0' .. n
+      local i = #m
+      while string.byte(m, i) == 57 do
+        i = i - 1
+      end
+      token = string.match(string.sub(m, 1, i - 1) .. string.char(string.byte(m, i) + 1)
+        .. string.rep('0', #m - i), '^0*(%d+)$')
+      if #token > 19 or (#token == 19 and token > '9223372036854775807') then
+        redis.call('set', KEYS[2], last, 'PX', fence_ttl)
+        return nil, redis.error_reply('token counter ' .. KEYS[2] .. ' is at the largest token')
+      end
+      redis.call('set', KEYS[2], token, 'PX', fence_ttl)
     end
   end
-  return string.format('%.0f', token)
+  return token
 end
 
 -- The semaphore lives at least as long as `ms` from now.
@@ -289,7 +319,11 @@ if live < permits and not blocked then
   if queued and redis.call('hdel', waiters, owner) == 1 then
     redis.call('lrem', queue, 1, owner)
   end
-  return {1, tonumber(token) or 0}
+  -- (As a string: a token is exact at any length.)
+  if token == '-' then
+    return {1, 0}
+  end
+  return {1, token}
 end
 
 -- Busy: the earliest live lease is when a permit may come back unreleased;

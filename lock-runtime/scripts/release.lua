@@ -113,15 +113,40 @@ end
 -- The next token of the slot (see acquire.lua): a writer handed the lock.
 local function next_token()
   clock()
-  local token = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local counter = KEYS[2] or string.match(lock, '^[^{]*') .. 'fence'
-  local last = redis.pcall('set', counter, string.format('%.0f', token), 'PX', ttl, 'GET')
-  local n = type(last) == 'string' and string.match(last, '^%d+$') and tonumber(last)
-  if n and n >= token then
-    token = n + 1
-    redis.call('set', counter, string.format('%.0f', token), 'PX', ttl)
+  local us = t[2]
+  if #us < 6 then
+    us = string.sub('00000' .. us, -6)
   end
-  return string.format('%.0f', token)
+  local token = t[1] .. us
+  local counter = KEYS[2] or string.match(lock, '^[^{]*') .. 'fence'
+  local last = redis.pcall('set', counter, token, 'PX', ttl, 'GET')
+  if type(last) ~= 'string' then
+    return token
+  end
+  local n = string.match(last, '^0*(%d+)$')
+  -- Exact at any length: compared as strings, raised with a carry.
+  if n and (#n > #token or (#n == #token and n >= token)) then
+    local m = '0' .. n
+    local i = #m
+    while string.byte(m, i) == 57 do
+      i = i - 1
+    end
+    token = string.match(string.sub(m, 1, i - 1) .. string.char(string.byte(m, i) + 1)
+      .. string.rep('0', #m - i), '^0*(%d+)$')
+    if #token > 19 or (#token == 19 and token > '9223372036854775807') then
+      n = nil
+    else
+      redis.call('set', counter, token, 'PX', ttl)
+    end
+  end
+  if not n then
+    -- A counter that is not an integer, or at the largest token (i64::MAX):
+    -- refused as acquire.lua refuses it, its value left as it was, and no
+    -- token handed out (the waiter's own next ask is told why).
+    redis.call('set', counter, last, 'KEEPTTL')
+    return nil
+  end
+  return token
 end
 -- The next live waiter in the queue, popped, with its lease in ms and
 -- whether it takes a token.
@@ -156,7 +181,7 @@ local function next_waiter(readers_only)
       end
       redis.call('hdel', waiters, head)
       if live then
-        return head, tonumber(lease), fenced == 'f'
+        return head, tonumber(lease), fenced == 'f', entry
       end
     end
   end
@@ -174,6 +199,17 @@ local function told(head, token)
     return redis.call('spublish', channel, message) > 0
   end
   return redis.call('publish', channel, message) > 0
+end
+-- Put a popped waiter back at the head of the queue, as it was.
+local function requeue(head, entry)
+  local left = tonumber(string.match(entry, '^%d+ (%d+)')) - now_ms
+  redis.call('lpush', queue, head)
+  redis.call('hset', waiters, head, entry)
+  for _, k in ipairs({queue, waiters}) do
+    if redis.call('pttl', k) < 0 then
+      redis.call('pexpire', k, left)
+    end
+  end
 end
 local function rest()
   if redis.call('llen', queue) > 0 then
@@ -199,14 +235,24 @@ local function serve(joining)
     -- Only readers that heard (or the hold they join) stop the scan at a
     -- writer: one nobody heard, dead or not listening yet, is passed over
     -- as a writer nobody heard is, and the writer behind it is served.
-    local head, lease, fenced = next_waiter(joining or served)
+    local head, lease, fenced, entry = next_waiter(joining or served)
     if not head then
       break
+    end
+    -- A token refused (see next_token): nobody is served, the waiter
+    -- stays first.
+    if fenced and not (is_reader(head) and read_token) then
+      token = next_token()
+      if not token then
+        requeue(head, entry)
+        break
+      end
+      read_token = read_token or (is_reader(head) and token) or nil
     end
     -- (The hold is written before the grant is announced: a waiter never
     -- hears of a hold that is not there.)
     if not is_reader(head) then
-      token = fenced and next_token() or '-'
+      token = fenced and token or '-'
       redis.call('set', lock, head .. ' ' .. token .. ' ' .. rest() .. by, 'PX', lease)
       if told(head, token) then
         return true
@@ -214,9 +260,6 @@ local function serve(joining)
       -- Nobody heard: the next waiter's hold replaces this one, or the
       -- lock goes below.
     else
-      if fenced and not read_token then
-        read_token = next_token()
-      end
       if not (joining or served) then
         -- (Again after a reader nobody heard: the hold lives as long as
         -- the readers that did.)

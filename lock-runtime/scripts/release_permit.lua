@@ -68,14 +68,39 @@ local fence_ttl = ARGV[3] or '86400000'
 local counter = KEYS[2] or string.match(sem, '^[^{]*') .. 'fence'
 -- The next token of the slot (see acquire.lua): a waiter handed a permit.
 local function next_token()
-  local token = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local last = redis.pcall('set', counter, string.format('%.0f', token), 'PX', fence_ttl, 'GET')
-  local n = type(last) == 'string' and string.match(last, '^%d+$') and tonumber(last)
-  if n and n >= token then
-    token = n + 1
-    redis.call('set', counter, string.format('%.0f', token), 'PX', fence_ttl)
+  local us = t[2]
+  if #us < 6 then
+    us = string.sub('00000' .. us, -6)
   end
-  return string.format('%.0f', token)
+  local token = t[1] .. us
+  local last = redis.pcall('set', counter, token, 'PX', fence_ttl, 'GET')
+  if type(last) ~= 'string' then
+    return token
+  end
+  local n = string.match(last, '^0*(%d+)$')
+  -- Exact at any length: compared as strings, raised with a carry.
+  if n and (#n > #token or (#n == #token and n >= token)) then
+    local m = '0' .. n
+    local i = #m
+    while string.byte(m, i) == 57 do
+      i = i - 1
+    end
+    token = string.match(string.sub(m, 1, i - 1) .. string.char(string.byte(m, i) + 1)
+      .. string.rep('0', #m - i), '^0*(%d+)$')
+    if #token > 19 or (#token == 19 and token > '9223372036854775807') then
+      n = nil
+    else
+      redis.call('set', counter, token, 'PX', fence_ttl)
+    end
+  end
+  if not n then
+    -- A counter that is not an integer, or at the largest token (i64::MAX):
+    -- refused as permit.lua refuses it, its value left as it was, and no
+    -- permit handed on (the waiter's own next ask is told why).
+    redis.call('set', counter, last, 'KEEPTTL')
+    return nil
+  end
+  return token
 end
 local function stretch(ms)
   if redis.call('pttl', sem) < ms then
@@ -121,12 +146,19 @@ while looked < 256 and told < 32 do
     break
   end
   local alive = waiting and n
+  local token = '-'
+  if alive and f == 'f' then
+    token = next_token()
+    if not token then
+      -- Refused (see next_token): the head stays first.
+      break
+    end
+  end
   redis.call('lpop', queue)
   redis.call('hdel', waiters, head)
   looked = looked + 1
   if alive then
     told = told + 1
-    local token = f == 'f' and next_token() or '-'
     -- (The hold is written before the grant is announced.)
     redis.call('hset', sem, head, (now + tonumber(hl)) .. ' ' .. token)
     stretch(tonumber(hl))

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use lock_runtime::{distributed_lock, LockClient, LockError};
 use tests::semantics::{self, AppError};
-use tests::{eventually, global, unique};
+use tests::{eventually, global, unique, RedisServer};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn mutual_exclusion_many_tasks() {
@@ -453,4 +453,166 @@ async fn a_refused_native_release_falls_back_to_the_script() {
         u64::from(!deny.is_empty()),
         "the native release is tried once where the server has it, then never again"
     );
+}
+
+/// Token counters past 2^53 (the end of a Lua number's exact integers)
+/// still rise by exactly one, on every path that takes a token: a free
+/// lock, a hand-off to a queued waiter, a permit. The scripts compare and
+/// increment them as digit strings, with a carry. Before, `n + 1` was
+/// computed in floating point: from 2^53 + 1 the next token came out as
+/// 2^53, below the counter, and tokens stopped increasing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_counters_past_2_pow_53_rise_by_exactly_one() {
+    tests::init_tracing();
+    let server = RedisServer::start();
+    let client = LockClient::connect(&server.url()).await.unwrap();
+    let other = LockClient::connect(&server.url()).await.unwrap();
+    let counter = || -> u64 {
+        server
+            .cmd::<String>(&["GET", "lock:fence"])
+            .parse()
+            .unwrap()
+    };
+    let start: u64 = (1 << 53) + 1;
+    let _: () = server.cmd(&["SET", "lock:fence", &start.to_string()]);
+    let mut last = start;
+    for _ in 0..3 {
+        let g = client.lock(unique("big-counter")).await.unwrap();
+        assert_eq!(g.fence(), last + 1, "a free lock's token");
+        assert_eq!(counter(), g.fence());
+        last = g.fence();
+        g.release().await.unwrap();
+    }
+    // Handed over: the waiter's queuing attempt takes a token too (a gap,
+    // harmless); the hand-off's is the counter's next.
+    let key = unique("big-hand-off");
+    let held = client.lock(&key).await.unwrap();
+    let waiter = tokio::spawn({
+        let (other, key) = (other.clone(), key.clone());
+        async move { other.lock(&key).wait(Duration::from_secs(20)).await }
+    });
+    assert!(eventually(Duration::from_secs(10), || other.waiting_here(&key) == 1).await);
+    let before = counter();
+    held.release().await.unwrap();
+    let handed = waiter.await.unwrap().unwrap();
+    assert_eq!(handed.fence(), before + 1, "the hand-off's token");
+    handed.release().await.unwrap();
+    let permit = client.semaphore(unique("big-permit"), 2).await.unwrap();
+    assert_eq!(permit.fence(), before + 2, "a permit's token");
+    permit.release().await.unwrap();
+    // Past u64 digits' carry: 10^16 - 1 rolls over to 17 digits.
+    let _: () = server.cmd(&["SET", "lock:fence", "9999999999999999"]);
+    let g = client.lock(unique("carry")).await.unwrap();
+    assert_eq!(g.fence(), 10_000_000_000_000_000, "the carry");
+    g.release().await.unwrap();
+}
+
+/// A token counter that holds no token (not an integer, or already at the
+/// largest one a reply carries, `i64::MAX`: a Redis integer, and
+/// PostgreSQL's `bigint`) is refused by every script that
+/// hands out tokens, and left as it was: an acquire and a permit fail with
+/// a `Backend` error that says why; a release that would hand the lock or
+/// a permit to a fenced waiter frees it without handing it on, and the
+/// waiter's own next ask is told why. Before, the hand-offs wrote the
+/// clock over the counter and granted the waiter a token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_counter_holding_no_token_is_refused_by_every_script_and_left_as_it_was() {
+    tests::init_tracing();
+    let server = RedisServer::start();
+    let url = server.url();
+    let connect = || {
+        LockClient::builder()
+            .retry_delay(Duration::from_millis(50))
+            .connect(&url)
+    };
+    let (client, other) = (connect().await.unwrap(), connect().await.unwrap());
+    let counter = || server.cmd::<String>(&["GET", "lock:fence"]);
+    for (bad, says) in [
+        ("not a number", "integer"),
+        ("9223372036854775807", "largest"),
+    ] {
+        let _: () = server.cmd(&["SET", "lock:fence", "1"]);
+        let refused =
+            |e: &LockError| matches!(e, LockError::Backend(_)) && e.to_string().contains(says);
+
+        // A lock handed on.
+        let key = unique("bad-counter-lock");
+        let held = client.lock(&key).await.unwrap();
+        let waiter = tokio::spawn({
+            let (other, key) = (other.clone(), key.clone());
+            async move {
+                other
+                    .lock(&key)
+                    .wait(Duration::from_secs(20))
+                    .await
+                    .map(drop)
+            }
+        });
+        assert!(eventually(Duration::from_secs(10), || other.waiting_here(&key) == 1).await);
+        let _: () = server.cmd(&["SET", "lock:fence", bad]);
+        held.release().await.unwrap();
+        let err = waiter
+            .await
+            .unwrap()
+            .expect_err("a waiter granted a lock without a token");
+        assert!(refused(&err), "{bad}: the waiter got {err:?}");
+        assert_eq!(counter(), bad, "a lock's hand-off changed the counter");
+        assert!(
+            client
+                .inspect(&key)
+                .await
+                .unwrap()
+                .is_none_or(|i| i.holders.is_empty()),
+            "{bad}: {key} held"
+        );
+
+        // A permit handed on.
+        let key = unique("bad-counter-permit");
+        let _: () = server.cmd(&["SET", "lock:fence", "1"]);
+        let held = client.semaphore(&key, 1).await.unwrap();
+        let waiter = tokio::spawn({
+            let (other, key) = (other.clone(), key.clone());
+            async move {
+                other
+                    .semaphore(&key, 1)
+                    .wait(Duration::from_secs(20))
+                    .await
+                    .map(drop)
+            }
+        });
+        assert!(eventually(Duration::from_secs(10), || other.waiting_here(&key) == 1).await);
+        let _: () = server.cmd(&["SET", "lock:fence", bad]);
+        held.release().await.unwrap();
+        let err = waiter
+            .await
+            .unwrap()
+            .expect_err("a waiter granted a permit without a token");
+        assert!(refused(&err), "{bad}: the permit's waiter got {err:?}");
+        assert_eq!(counter(), bad, "a permit's hand-off changed the counter");
+
+        // Asked directly.
+        for err in [
+            client
+                .lock(unique("bad-counter"))
+                .wait(Duration::ZERO)
+                .await
+                .map(drop)
+                .unwrap_err(),
+            client
+                .semaphore(unique("bad-counter"), 2)
+                .wait(Duration::ZERO)
+                .await
+                .map(drop)
+                .unwrap_err(),
+        ] {
+            assert!(refused(&err), "{bad}: {err:?}");
+        }
+        assert_eq!(counter(), bad, "an acquire changed the counter");
+    }
+    // One below the largest: the last token there is, exactly.
+    let _: () = server.cmd(&["SET", "lock:fence", "9223372036854775806"]);
+    let g = client.lock(unique("largest")).await.unwrap();
+    assert_eq!(g.fence(), i64::MAX as u64);
+    g.release().await.unwrap();
+    let _: i64 = server.cmd(&["DEL", "lock:fence"]);
 }
