@@ -163,8 +163,10 @@ pub async fn run_phase(
 /// instances and an item with one unit. The first instance takes the lock,
 /// reads, and stops itself (SIGSTOP) just before its write; the second
 /// waits for the lock until the paused holder's lease lapses, then sells
-/// the unit; the first is resumed (SIGCONT) and its write, with the older
-/// token, reaches the store, which refuses it.
+/// the unit; the first is resumed (SIGCONT). Its body is stopped before
+/// the write (its lock is lost by the clock, `on_lost = "abort"`); a write
+/// that got out all the same would carry the older token, which the store
+/// refuses.
 async fn paused_holder(spec: &InstanceSpec) -> Result<PausedHolder, Error> {
     const ITEM: &str = "paused-item";
     let store = Store::connect(&spec.redis_url).await?;
