@@ -49,7 +49,7 @@ lanes_started=$SECONDS
 # runs without being listed here.
 fault_a=(nemesis_history_with_fencing)
 fault_b=(outside_nemesis_read_write_locks outside_nemesis_write_locks reply_faults_one_connection_at_a_time
-  cluster_slot_migrations_under_load cluster_resharding_with_holds)
+  cluster_slot_migrations_under_load cluster_resharding_with_holds sentinel_planned_failovers_under_load)
 skip_named=()
 for t in "${fault_a[@]}" "${fault_b[@]}"; do skip_named+=(--skip "$t"); done
 longest=(operations redlock read_write cluster hand_off kill_storm postgres_faults postgres_deployments)

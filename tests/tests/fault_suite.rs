@@ -1385,6 +1385,14 @@ fn sentinel_failovers_under_load() {
     sentinel_nemesis::failovers_under_load();
 }
 
+/// Planned failovers under load: nothing stranded, no call with wait left
+/// failed. See `fault_suite/sentinel_nemesis.rs`.
+#[test]
+fn sentinel_planned_failovers_under_load() {
+    let _serial = serial();
+    sentinel_nemesis::planned_failovers_under_load();
+}
+
 #[path = "fault_suite/sentinel_nemesis.rs"]
 mod sentinel_nemesis;
 

@@ -128,6 +128,34 @@ impl Deployment {
         let port = self.sentinels.primary_port().expect("a primary");
         wait_replicas_online(&self.nodes[self.node_at(port)], 2, limit);
     }
+
+    /// A planned failover, as an operator runs one for an upgrade:
+    /// `SENTINEL FAILOVER`, nothing killed; the old primary is made a
+    /// replica of the new one. Returns once the sentinels name the new
+    /// primary (how long that took), then waits until both replicas are in
+    /// sync again and the sentinels know them, ready for the next one.
+    fn planned(&mut self) -> Duration {
+        let old = self.sentinels.primary_port().expect("a primary");
+        let asked = Instant::now();
+        let reply: String = self.sentinels.sentinels[0]
+            .try_cmd(&["SENTINEL", "FAILOVER", MASTER])
+            .expect("SENTINEL FAILOVER");
+        assert_eq!(reply, "OK");
+        self.sentinels.wait_failover(old, Duration::from_secs(30));
+        let took = asked.elapsed();
+        self.wait_healed(Duration::from_secs(30));
+        self.sentinels.wait_ready(2, Duration::from_secs(30));
+        took
+    }
+
+    /// Lock holds (not queues, not the token counter) on the primary.
+    fn holds(&self) -> Vec<String> {
+        let port = self.sentinels.primary_port().expect("a primary");
+        super::lock_keys(&self.nodes[self.node_at(port)])
+            .into_iter()
+            .filter(|k| !super::is_queue(k))
+            .collect()
+    }
 }
 
 /// What one fleet's run came to.
@@ -165,10 +193,23 @@ fn judge(fleet: &Fleet, title: &str, acks: Option<(usize, Duration)>) -> Outcome
     Outcome { report, lax }
 }
 
+/// How a run fails the primary over: killed (after a stall when asked),
+/// or planned.
+#[derive(Clone, Copy)]
+enum Failover {
+    Kill,
+    Planned,
+}
+
 /// Run both fleets for `run_for` with a failover about every `every`
-/// (at least one); prints and returns each fleet's outcome, with and then
-/// without acks, and the failovers' durations.
-fn run(run_for: Duration, every: Duration) -> (Outcome, Outcome, Vec<Duration>) {
+/// (at least one, two when planned); prints and returns each fleet's
+/// outcome, with and then without acks, the failovers' durations, and the
+/// holds left on the primary once every worker exited.
+fn run(
+    run_for: Duration,
+    every: Duration,
+    how: Failover,
+) -> (Outcome, Outcome, Vec<Duration>, Vec<String>) {
     let mut d = Deployment::start();
     let keys =
         |what: &str| -> Vec<String> { (0..3).map(|i| unique(&format!("{what}{i}"))).collect() };
@@ -192,10 +233,19 @@ fn run(run_for: Duration, every: Duration) -> (Outcome, Outcome, Vec<Duration>) 
     let mut failovers = Vec::new();
     // The first failover once the workers run; then one every `every`.
     let mut next = started + Duration::from_secs(3).min(every);
-    while failovers.is_empty() || started.elapsed() < run_for {
+    let least = match how {
+        Failover::Kill => 1,
+        Failover::Planned => 2,
+    };
+    while failovers.len() < least || started.elapsed() < run_for {
         let now = Instant::now();
         if now < next {
             std::thread::sleep((next - now).min(Duration::from_millis(200)));
+            continue;
+        }
+        if let Failover::Planned = how {
+            failovers.push(d.planned());
+            next = Instant::now().max(next + every);
             continue;
         }
         // A stall before the first failover, and every other one after.
@@ -223,11 +273,16 @@ fn run(run_for: Duration, every: Duration) -> (Outcome, Outcome, Vec<Duration>) 
     plain.stop_all(limit);
     acked.exit_all();
     plain.exit_all();
+    let left = d.holds();
     let ran = started.elapsed();
+    let what = match how {
+        Failover::Kill => "failovers",
+        Failover::Planned => "planned failovers",
+    };
     let with = judge(
         &acked,
         &format!(
-            "Sentinel, failovers, replica_acks(1, 500ms): {ran:.0?}, {} failovers",
+            "Sentinel, {what}, replica_acks(1, 500ms): {ran:.0?}, {}",
             failovers.len()
         ),
         Some(ACKS),
@@ -235,12 +290,12 @@ fn run(run_for: Duration, every: Duration) -> (Outcome, Outcome, Vec<Duration>) 
     let without = judge(
         &plain,
         &format!(
-            "Sentinel, failovers, no replica_acks: {ran:.0?}, {} failovers",
+            "Sentinel, {what}, no replica_acks: {ran:.0?}, {}",
             failovers.len()
         ),
         None,
     );
-    (with, without, failovers)
+    (with, without, failovers, left)
 }
 
 /// The scenario: bounded, one failover in about 20 s of wall time; with
@@ -252,7 +307,7 @@ pub(crate) fn failovers_under_load() {
     } else {
         run_for
     };
-    let (with, without, failovers) = run(run_for, every);
+    let (with, without, failovers, _) = run(run_for, every, Failover::Kill);
     println!(
         "  failovers: {} (primary killed -> the sentinels name another: {:?})",
         failovers.len(),
@@ -271,6 +326,59 @@ pub(crate) fn failovers_under_load() {
             o.report.acquisitions
         );
         for (kind, list) in [
+            ("fence duplicate", &o.report.fence_duplicates),
+            ("fence order", &o.report.fence_out_of_order),
+            ("unterminated interval", &o.report.unterminated),
+            ("past its deadline", &o.report.overruns),
+        ] {
+            assert!(list.is_empty(), "{what} replica_acks, {kind}: {list:#?}");
+        }
+    }
+    assert!(
+        with.report.double_holders.is_empty(),
+        "with replica_acks, two bodies at once: {:#?}",
+        with.report.double_holders
+    );
+    assert!(
+        without.lax.double_holders.is_empty(),
+        "without replica_acks, an earlier holder not told Lost within a lease: {:#?}",
+        without.lax.double_holders
+    );
+}
+
+/// Planned failovers (`SENTINEL FAILOVER`, as for an upgrade) under the
+/// same load: bounded, two in about 10 s; with `FAULT_FULL=1` one every
+/// 10 s for four minutes. What an operator does on a schedule strands
+/// nothing: no call that had wait left fails, nothing is held once the
+/// workers have exited, and with `replica_acks` no two bodies at once.
+/// Without acks a grant the old primary made after the promotion is lost
+/// with it (asynchronous replication), and its holder is told `Lost`
+/// within a lease (the lax check).
+pub(crate) fn planned_failovers_under_load() {
+    let run_for = run_time(10, 240);
+    let every = Duration::from_secs(if full() { 10 } else { 3 });
+    let (with, without, failovers, left) = run(run_for, every, Failover::Planned);
+    println!(
+        "  planned failovers: {} (SENTINEL FAILOVER -> the sentinels name another: {:?})",
+        failovers.len(),
+        failovers
+    );
+    println!(
+        "  double holders: with replica_acks {}, without {} ({} of them not told Lost within a lease); holds left: {}",
+        with.report.double_holders.len(),
+        without.report.double_holders.len(),
+        without.lax.double_holders.len(),
+        left.len(),
+    );
+    assert!(left.is_empty(), "held after every worker exited: {left:?}");
+    for (what, o) in [("with", &with), ("without", &without)] {
+        assert!(
+            o.report.acquisitions >= 10,
+            "{what} replica_acks: only {} acquisitions",
+            o.report.acquisitions
+        );
+        for (kind, list) in [
+            ("call failed with wait left", &o.report.failed_with_budget),
             ("fence duplicate", &o.report.fence_duplicates),
             ("fence order", &o.report.fence_out_of_order),
             ("unterminated interval", &o.report.unterminated),
