@@ -350,8 +350,9 @@ impl LockClientBuilder {
         let url = url.to_owned();
         start(self.without_acks("connect")?, |config, settings, io| {
             let listen = config.listen_url.clone();
+            let access = config.access.clone();
             async move {
-                PostgresBackend::connect(&url, listen.as_deref(), settings, io)
+                PostgresBackend::connect(&url, listen.as_deref(), &access, settings, io)
                     .await
                     .map(|b| Backend::Postgres(Box::new(b)))
             }
@@ -367,6 +368,7 @@ impl LockClientBuilder {
         let backend = PostgresBackend::connect_lazy(
             url,
             config.listen_url.as_deref(),
+            &config.access,
             config.node_settings(),
             io.handle(),
         )?;
@@ -696,10 +698,16 @@ mod tests {
                 "{url}"
             );
         }
-        let err = LockClient::connect_lazy("postgres://db/shop?sslmode=require").unwrap_err();
+        // TLS is the `tls` feature's: without it, a URL that requires TLS
+        // says which feature to enable.
+        let tls = LockClient::connect_lazy("postgres://db/shop?sslmode=require");
+        #[cfg(feature = "tls")]
+        assert!(tls.is_ok(), "{:?}", tls.err());
+        #[cfg(not(feature = "tls"))]
         assert!(
-            matches!(&err, LockError::Config(m) if m.contains("sslmode")),
-            "{err:?}"
+            matches!(&tls, Err(LockError::Config(m)) if m.contains("`tls` feature")),
+            "{:?}",
+            tls.err()
         );
         let err = LockClient::connect_lazy("postgres://db:notaport/shop").unwrap_err();
         assert!(matches!(err, LockError::Config(_)), "{err:?}");

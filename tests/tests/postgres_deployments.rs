@@ -387,3 +387,94 @@ fn docs_print_the_sql_the_client_runs() {
     }
     assert!(files >= 2, "no SQL files found");
 }
+
+/// `sslmode=require` (the `tls` feature): every connection of the client,
+/// the listening one too, goes over TLS, and the server's certificate is
+/// verified: against the client's private CA it connects; with only the
+/// platform's roots it is refused, never sent in clear; a server without
+/// TLS is refused too. Before, such a URL was a `Config` error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sslmode_require_goes_over_verified_tls() {
+    let certs = tests::tls::Certs::make();
+    // The server's key, as the server's user wants it (its own, 0600).
+    for (from, to) in [("server.crt", "pg.crt"), ("server.key", "pg.key")] {
+        let ok = std::process::Command::new("install")
+            .args([
+                "-o",
+                "postgres",
+                "-m",
+                "600",
+                &certs.path(from),
+                &certs.path(to),
+            ])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "install {to}");
+    }
+    let pg = PostgresServer::options()
+        .setting("ssl", "on")
+        .setting("ssl_cert_file", &certs.path("pg.crt"))
+        .setting("ssl_key_file", &certs.path("pg.key"))
+        .start();
+    let url = format!("{}?sslmode=require", pg.url());
+    let client = LockClient::builder()
+        .tls_root_ca(&certs.ca_pem())
+        .connect(&url)
+        .await
+        .expect("connect over TLS");
+    let key = unique("tls");
+    let held = client.lock(&key).await.unwrap();
+    // A waiter: the listening connection opens too.
+    let waiter = tokio::spawn({
+        let (client, key) = (client.clone(), key.clone());
+        async move { client.lock(&key).wait(Duration::from_secs(20)).await }
+    });
+    assert!(eventually(Duration::from_secs(10), || client.waiting_here(&key) == 1).await);
+    let sessions = |tls: bool| {
+        pg.number_in(
+            "postgres",
+            &format!(
+                "SELECT count(*) FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) \
+                 WHERE a.application_name = 'lock-runtime' AND s.ssl = {tls}"
+            ),
+        )
+    };
+    assert!(
+        sessions(true) >= 2,
+        "the pool's and the listener's sessions over TLS"
+    );
+    assert_eq!(sessions(false), 0, "a session in clear");
+    held.release().await.unwrap();
+    let handed = waiter
+        .await
+        .unwrap()
+        .expect("handed over through the listener");
+    handed.release().await.unwrap();
+    client.close(Duration::from_secs(5)).await;
+
+    // The platform's roots do not know this CA: refused, in bounded time.
+    let started = Instant::now();
+    let err = LockClient::builder()
+        .connect_timeout(Duration::from_secs(2))
+        .connect(&url)
+        .await
+        .map(drop)
+        .unwrap_err();
+    assert!(matches!(err, LockError::Backend(_)), "{err:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+
+    // A server without TLS: refused, not used in clear.
+    let plain = PostgresServer::start();
+    let err = LockClient::builder()
+        .tls_root_ca(&certs.ca_pem())
+        .connect(&format!("{}?sslmode=require", plain.url()))
+        .await
+        .map(drop)
+        .unwrap_err();
+    assert!(matches!(err, LockError::Backend(_)), "{err:?}");
+}

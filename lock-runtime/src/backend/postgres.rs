@@ -28,9 +28,13 @@ mod listener;
 mod operations;
 pub(crate) mod pool;
 pub(crate) mod schema;
+mod tls;
 
 use listener::{channel_of, Listener};
 use pool::{Param, Pool};
+use tls::Tls;
+
+use super::endpoint::Access;
 
 /// One PostgreSQL server (or a pooler in front of it).
 pub(crate) struct PostgresBackend {
@@ -51,13 +55,6 @@ fn config_of(url: &str) -> Result<tokio_postgres::Config, Fault> {
                 super::endpoint::redact(url)
             ))
         })?;
-    if config.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
-        return Err(Fault::Config(
-            "sslmode=require: this build of the postgres engine connects without TLS \
-             (use sslmode=disable or prefer, or a TLS-terminating proxy)"
-                .into(),
-        ));
-    }
     if config.get_application_name().is_none() {
         config.application_name("lock-runtime");
     }
@@ -72,10 +69,11 @@ impl PostgresBackend {
     pub(crate) async fn connect(
         url: &str,
         listen_url: Option<&str>,
+        access: &Access,
         settings: NodeSettings,
         io: Handle,
     ) -> Result<Self, Fault> {
-        let backend = Self::connect_lazy(url, listen_url, settings, io)?;
+        let backend = Self::connect_lazy(url, listen_url, access, settings, io)?;
         backend.pool.warm().await?;
         Ok(backend)
     }
@@ -85,6 +83,7 @@ impl PostgresBackend {
     pub(crate) fn connect_lazy(
         url: &str,
         listen_url: Option<&str>,
+        access: &Access,
         settings: NodeSettings,
         io: Handle,
     ) -> Result<Self, Fault> {
@@ -93,9 +92,10 @@ impl PostgresBackend {
             Some(u) => config_of(u)?,
             None => config.clone(),
         };
+        let (tls, listen_tls) = (Tls::of(&config, access)?, Tls::of(&listen, access)?);
         Ok(PostgresBackend {
-            listener: Listener::new(listen, settings.clone(), io.clone()),
-            pool: Pool::new(config, settings, io),
+            listener: Listener::new(listen, listen_tls, settings.clone(), io.clone()),
+            pool: Pool::new(config, tls, settings, io),
         })
     }
 

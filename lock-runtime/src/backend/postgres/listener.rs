@@ -18,6 +18,7 @@ use tokio::time::Instant;
 use tokio_postgres::AsyncMessage;
 
 use super::errors::{describe, sql_fault};
+use super::tls::Tls;
 use crate::backend::fault::Fault;
 use crate::backend::node::NodeSettings;
 use crate::claims::{Grant, Stamp};
@@ -31,6 +32,7 @@ pub(crate) fn channel_of(client: &str) -> String {
 
 pub(crate) struct Listener {
     config: tokio_postgres::Config,
+    tls: Tls,
     settings: NodeSettings,
     io: Handle,
     wakeups: Arc<Wakeups>,
@@ -47,10 +49,16 @@ struct Live {
 }
 
 impl Listener {
-    pub(crate) fn new(config: tokio_postgres::Config, settings: NodeSettings, io: Handle) -> Self {
+    pub(crate) fn new(
+        config: tokio_postgres::Config,
+        tls: Tls,
+        settings: NodeSettings,
+        io: Handle,
+    ) -> Self {
         Listener {
             addr: describe(&config),
             config,
+            tls,
             settings,
             io,
             wakeups: Arc::new(Wakeups::new(None)),
@@ -111,25 +119,21 @@ impl Listener {
         let mut config = self.config.clone();
         config.connect_timeout(budget);
         let wakeups = self.wakeups.clone();
+        let tls = self.tls.clone();
         let opened = self.io.spawn(async move {
-            let (client, mut connection) = config.connect(tokio_postgres::NoTls).await?;
-            tokio::spawn(async move {
-                loop {
-                    match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
-                        Some(Ok(AsyncMessage::Notification(n))) => heard(&wakeups, n.payload()),
-                        Some(Ok(_)) => {}
-                        Some(Err(e)) => {
-                            tracing::debug!(error = %e, "lock listening connection broke");
-                            break;
-                        }
-                        None => break,
-                    }
+            match tls {
+                Tls::Off => {
+                    let (client, connection) = config.connect(tokio_postgres::NoTls).await?;
+                    tokio::spawn(hear(connection, wakeups));
+                    Ok::<_, tokio_postgres::Error>(client)
                 }
-                // Grants sent from now on reach nobody here: every waiter
-                // asks again.
-                wakeups.disconnected();
-            });
-            Ok::<_, tokio_postgres::Error>(client)
+                #[cfg(feature = "tls")]
+                Tls::On(tls) => {
+                    let (client, connection) = config.connect(tls).await?;
+                    tokio::spawn(hear(connection, wakeups));
+                    Ok(client)
+                }
+            }
         });
         match tokio::time::timeout(budget + Duration::from_millis(100), opened).await {
             Ok(Ok(Ok(c))) => Ok(c),
@@ -160,4 +164,26 @@ fn heard(wakeups: &Arc<Wakeups>, payload: &str) {
             at: Stamp::ServerMs(at, Instant::now()),
         },
     );
+}
+
+/// The listening connection's task: hands each notification to the
+/// waiters, until the connection ends.
+async fn hear<S, T>(mut connection: tokio_postgres::Connection<S, T>, wakeups: Arc<Wakeups>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    loop {
+        match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+            Some(Ok(AsyncMessage::Notification(n))) => heard(&wakeups, n.payload()),
+            Some(Ok(_)) => {}
+            Some(Err(e)) => {
+                tracing::debug!(error = %e, "lock listening connection broke");
+                break;
+            }
+            None => break,
+        }
+    }
+    // Grants sent from now on reach nobody here: every waiter asks again.
+    wakeups.disconnected();
 }

@@ -19,6 +19,8 @@ use tokio::time::Instant;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, NoTls, Row};
 
+use super::tls::Tls;
+
 use super::errors::{connect_fault, describe, sql_fault};
 use super::schema;
 use crate::backend::fault::Fault;
@@ -35,6 +37,7 @@ pub(crate) type Param<'a> = (&'a (dyn ToSql + Sync), Type);
 
 pub(crate) struct Pool {
     pub(crate) config: tokio_postgres::Config,
+    tls: Tls,
     slots: Vec<Slot>,
     pub(crate) settings: NodeSettings,
     /// Where the connections' tasks run: the client's I/O runtime.
@@ -53,10 +56,16 @@ struct Slot {
 }
 
 impl Pool {
-    pub(crate) fn new(config: tokio_postgres::Config, settings: NodeSettings, io: Handle) -> Pool {
+    pub(crate) fn new(
+        config: tokio_postgres::Config,
+        tls: Tls,
+        settings: NodeSettings,
+        io: Handle,
+    ) -> Pool {
         let addr = describe(&config);
         Pool {
             config,
+            tls,
             slots: (0..POOL_SIZE).map(|_| Slot::default()).collect(),
             settings,
             io,
@@ -195,7 +204,7 @@ impl Pool {
             .connect_timeout
             .min(deadline.saturating_duration_since(Instant::now()))
             .max(Duration::from_millis(1));
-        let client = Arc::new(connect(&self.config, &self.io, budget, &what).await?);
+        let client = Arc::new(connect(&self.config, &self.tls, &self.io, budget, &what).await?);
         self.installed
             .get_or_try_init(|| async {
                 tokio::time::timeout_at(deadline, schema::install(&client))
@@ -213,20 +222,39 @@ impl Pool {
 /// Open one connection within `budget`, its task on `io`.
 pub(crate) async fn connect(
     config: &tokio_postgres::Config,
+    tls: &Tls,
     io: &Handle,
     budget: Duration,
     what: &str,
 ) -> Result<Client, Fault> {
     let mut config = config.clone();
     config.connect_timeout(budget);
+    let tls = tls.clone();
     let opened = io.spawn(async move {
-        let (client, connection) = config.connect(NoTls).await?;
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(error = %e, "lock connection to PostgreSQL ended");
+        /// The connection's task: it carries every statement of `client`.
+        fn drive<F>(connection: F)
+        where
+            F: std::future::Future<Output = Result<(), tokio_postgres::Error>> + Send + 'static,
+        {
+            tokio::spawn(async move {
+                if let Err(e) = connection.await {
+                    tracing::debug!(error = %e, "lock connection to PostgreSQL ended");
+                }
+            });
+        }
+        match tls {
+            Tls::Off => {
+                let (client, connection) = config.connect(NoTls).await?;
+                drive(connection);
+                Ok::<_, tokio_postgres::Error>(client)
             }
-        });
-        Ok::<_, tokio_postgres::Error>(client)
+            #[cfg(feature = "tls")]
+            Tls::On(tls) => {
+                let (client, connection) = config.connect(tls).await?;
+                drive(connection);
+                Ok(client)
+            }
+        }
     });
     match tokio::time::timeout(budget, opened).await {
         Ok(Ok(Ok(client))) => Ok(client),
