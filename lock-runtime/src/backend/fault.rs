@@ -165,8 +165,9 @@ pub(crate) fn connection_broke(e: &redis::RedisError) -> bool {
 }
 
 /// The command's slot is on the move: `TRYAGAIN` (its keys are split
-/// between the two nodes), `ASK` or `MOVED` still there after the cluster
-/// connection's own redirects, or a script that met a key a migration
+/// between the two nodes), `ASK` or `MOVED` (the scripts' cluster
+/// connection sends each command once and hands these back: `node.rs`
+/// follows them, see `cluster.rs`), or a script that met a key a migration
 /// already moved (Redis checks every key a script touches against the
 /// slot's move). The first three never ran the command; the lock scripts
 /// declare every key they touch, so Redis refuses them whole before they
