@@ -217,8 +217,13 @@ local holder, held_token, mark, from = string.match(cur, '^(%S+) ?(%S*) ?(%S*) ?
 if not holder then
   return {0, redis.call('pttl', lock), 0}
 end
+-- A hold's token as the reply carries it: the digits as they are (exact
+-- at any length), 0 for none.
 local function token_of(s)
-  return tonumber(s) or 0
+  if s and string.find(s, '^%d+$') then
+    return s
+  end
+  return 0
 end
 -- The lock's value with another holder, mark or from (nil: as it is).
 local function value_with(h, tok, m, f)

@@ -33,10 +33,11 @@ for i = 1, #all, 2 do
   if ends and ends > now then
     holders[#holders + 1] = all[i]
     longest = math.max(longest, ends - now)
-    local n = tonumber(tok)
-    if n and (not fence or n > fence) then
+    -- (Compared as digit strings: exact at any length.)
+    local n = string.match(tok, '^0*(%d+)$')
+    if n and (not fence or #n > #fence or (#n == #fence and n > fence)) then
       fence = n
     end
   end
 end
-return {'held', longest, fence and string.format('%.0f', fence) or '', waiting, holders}
+return {'held', longest, fence or '', waiting, holders}

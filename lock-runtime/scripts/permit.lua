@@ -23,9 +23,10 @@
 --
 -- Tokens are acquire.lua's: the next of the slot's counter, never below
 -- the clock in microseconds (or the Redlock floor), kept as strings and
--- compared as strings while both have 16 digits; anything else takes
--- exact arithmetic, and a counter that is not an integer is an error
--- reply (and is left as it was). The fast path (a free semaphore nobody
+-- compared as strings while both have 16 digits; anything else is
+-- compared as digit strings and raised with a carry (exact at any length),
+-- and a counter that is not an integer, or at the largest token
+-- (i64::MAX), is an error reply (its value left as it was). The fast path (a free semaphore nobody
 -- waits for) runs no more Lua than that and the entry's lease end: no
 -- closure, one number parsed and formatted.
 local sem, owner, lease = KEYS[1], ARGV[1], ARGV[2]
@@ -277,7 +278,8 @@ if held > 0 then
       if redis.call('hdel', waiters, owner) == 1 then
         redis.call('lrem', queue, 1, owner)
       end
-      return {2, tonumber(tok) or 0}
+      -- (As a string: a token is exact at any length.)
+      return {2, string.find(tok, '^%d+$') and tok or 0}
     end
     redis.call('hdel', sem, owner)
     held = held - 1

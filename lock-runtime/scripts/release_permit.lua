@@ -74,7 +74,12 @@ local function next_token()
   end
   local token = t[1] .. us
   local last = redis.pcall('set', counter, token, 'PX', fence_ttl, 'GET')
-  if type(last) ~= 'string' then
+  if type(last) == 'table' then
+    -- Refused by the server (a counter of another type, an ACL): no token,
+    -- as acquire.lua answers the same.
+    return nil
+  end
+  if not last then
     return token
   end
   local n = string.match(last, '^0*(%d+)$')

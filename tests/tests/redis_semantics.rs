@@ -500,6 +500,16 @@ async fn token_counters_past_2_pow_53_rise_by_exactly_one() {
     let permit = client.semaphore(unique("big-permit"), 2).await.unwrap();
     assert_eq!(permit.fence(), before + 2, "a permit's token");
     permit.release().await.unwrap();
+    // Readers share a hold's token: the one joining later gets it exactly
+    // (an odd token past 2^53 has no exact Lua number).
+    let _: () = server.cmd(&["SET", "lock:fence", &((1u64 << 53) + 2).to_string()]);
+    let key = unique("big-readers");
+    let first = client.read_lock(&key).await.unwrap();
+    let second = other.read_lock(&key).await.unwrap();
+    assert_eq!(first.fence(), (1 << 53) + 3, "a reader's token");
+    assert_eq!(second.fence(), first.fence(), "a reader joining the hold");
+    first.release().await.unwrap();
+    second.release().await.unwrap();
     // Past u64 digits' carry: 10^16 - 1 rolls over to 17 digits.
     let _: () = server.cmd(&["SET", "lock:fence", "9999999999999999"]);
     let g = client.lock(unique("carry")).await.unwrap();
@@ -609,6 +619,35 @@ async fn a_counter_holding_no_token_is_refused_by_every_script_and_left_as_it_wa
         }
         assert_eq!(counter(), bad, "an acquire changed the counter");
     }
+    // A counter of another type: refused by the hand-off as by an acquire.
+    let _: i64 = server.cmd(&["DEL", "lock:fence"]);
+    let key = unique("typed-counter");
+    let held = client.lock(&key).await.unwrap();
+    let waiter = tokio::spawn({
+        let (other, key) = (other.clone(), key.clone());
+        async move {
+            other
+                .lock(&key)
+                .wait(Duration::from_secs(20))
+                .await
+                .map(drop)
+        }
+    });
+    assert!(eventually(Duration::from_secs(10), || other.waiting_here(&key) == 1).await);
+    let _: i64 = server.cmd(&["DEL", "lock:fence"]);
+    let _: i64 = server.cmd(&["HSET", "lock:fence", "not", "a counter"]);
+    held.release().await.unwrap();
+    let err = waiter
+        .await
+        .unwrap()
+        .expect_err("a waiter granted a lock without a token");
+    assert!(
+        matches!(&err, LockError::Backend(_)) && err.to_string().contains("WRONGTYPE"),
+        "{err:?}"
+    );
+    let kind: String = server.cmd(&["TYPE", "lock:fence"]);
+    assert_eq!(kind, "hash");
+    let _: i64 = server.cmd(&["DEL", "lock:fence"]);
     // One below the largest: the last token there is, exactly.
     let _: () = server.cmd(&["SET", "lock:fence", "9223372036854775806"]);
     let g = client.lock(unique("largest")).await.unwrap();
