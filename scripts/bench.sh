@@ -14,7 +14,7 @@
 #
 #   scripts/bench.sh                      # the full run, a few minutes
 #   LOCKBENCH_QUICK=1 scripts/bench.sh    # a short smoke run, docs left as they are
-#   LOCKBENCH_ONLY=4,6 scripts/bench.sh   # some cases only (1-11), docs left as they are
+#   LOCKBENCH_ONLY=4,6 scripts/bench.sh   # some cases only (1-12), docs left as they are
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

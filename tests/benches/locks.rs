@@ -50,6 +50,8 @@ mod read_heavy;
 mod redlock;
 #[path = "locks/report.rs"]
 mod report;
+#[path = "locks/scale.rs"]
+mod scale;
 #[path = "locks/script_costs.rs"]
 mod script_costs;
 #[path = "locks/servers.rs"]
@@ -213,6 +215,10 @@ fn main() {
         step("case 11: each script per call against the floor");
         script_costs::run(&ctx, &mut report);
     }
+    if ctx.wants(12) {
+        step("case 12: throughput at scale, 1,000 keys and 10 clients");
+        scale::run(&ctx, &mut report);
+    }
     step("done");
 
     let run = format!(
@@ -222,14 +228,22 @@ fn main() {
     );
     println!("## Targets\n\n{}", report.targets_table());
     let mut doc = report.render(&machine, &run);
-    // The PostgreSQL engine's section (`benches/postgres.rs`) stays.
+    // Sections written elsewhere stay: the fenced cost analysis (measured
+    // with `scripts/profile-scripts.sh`) and the PostgreSQL engine's
+    // (`benches/postgres.rs`).
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/BENCHMARKS.md");
-    if let Some(section) = std::fs::read_to_string(path).ok().and_then(|old| {
-        let a = old.find("<!-- postgres-bench:begin -->")?;
-        let z = old.find("<!-- postgres-bench:end -->")?;
-        (a < z).then(|| old[a..z + "<!-- postgres-bench:end -->".len()].to_string())
-    }) {
-        doc = format!("{}\n\n{section}\n", doc.trim_end());
+    let old = std::fs::read_to_string(path).unwrap_or_default();
+    for name in ["fenced-cost", "postgres-bench"] {
+        let (begin, end) = (
+            format!("<!-- {name}:begin -->"),
+            format!("<!-- {name}:end -->"),
+        );
+        if let (Some(a), Some(z)) = (old.find(&begin), old.find(&end)) {
+            if a < z {
+                let section = &old[a..z + end.len()];
+                doc = format!("{}\n\n{section}\n", doc.trim_end());
+            }
+        }
     }
     if quick || ctx.only.is_some() {
         eprintln!("partial run: docs/BENCHMARKS.md left as it is");

@@ -43,10 +43,25 @@ where
     F: Fn(usize, u64) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = ()> + Send + 'static,
 {
+    run_n_tasks(port, TASKS, warm, window, op).await
+}
+
+/// [`run_tasks`] with `tasks` tasks instead of `TASKS`.
+pub(crate) async fn run_n_tasks<F, Fut>(
+    port: u16,
+    tasks: usize,
+    warm: Duration,
+    window: Duration,
+    op: F,
+) -> Window
+where
+    F: Fn(usize, u64) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
     let done = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let mut handles = Vec::new();
-    for t in 0..TASKS {
+    for t in 0..tasks {
         let (done, stop, op) = (done.clone(), stop.clone(), op.clone());
         handles.push(tokio::spawn(async move {
             let mut k = 0;
