@@ -732,6 +732,50 @@ async fn raising_a_permits_token_only_raises() {
     assert_eq!(counter, high, "the counter was lowered");
 }
 
+/// `raise_permit_fence.lua` compares tokens exactly past 2^53 (as digit
+/// strings, as the other scripts do), and refuses a counter that is not an
+/// integer, leaving it and the permit as they were. Before, it compared Lua
+/// numbers: 2^53 + 1 read as 2^53, so the counter was not raised to the
+/// permit's token; and it wrote the token over a counter that was not one.
+#[tokio::test]
+async fn raising_a_permits_token_is_exact_and_refuses_a_counter_that_is_no_integer() {
+    let server = RedisServer::start();
+    let key = unique("sem-raise-exact");
+    let hash = format!("lock:{{{key}}}");
+    let token = permit(&server, &key, "c1:s2.1", 30_000, "")[1];
+    let raise = |to: &str| -> redis::RedisResult<Vec<i64>> {
+        redis::Script::new(include_str!(
+            "../../lock-runtime/scripts/raise_permit_fence.lua"
+        ))
+        .key(&hash)
+        .key(tests::scripts::COUNTER)
+        .arg("c1:s2.1")
+        .arg(to)
+        .arg(tests::scripts::COUNTER_TTL_MS)
+        .invoke(&mut server.conn())
+    };
+    let held = || -> String {
+        let v: String = server.cmd(&["HGET", &hash, "c1:s2.1"]);
+        v.split(' ').nth(1).unwrap().to_string()
+    };
+    let _: () = server.cmd(&["SET", tests::scripts::COUNTER, "9007199254740992"]);
+    assert_eq!(raise("9007199254740993").unwrap(), [1]);
+    assert_eq!(held(), "9007199254740993");
+    let counter: String = server.cmd(&["GET", tests::scripts::COUNTER]);
+    assert_eq!(
+        counter, "9007199254740993",
+        "the counter below the permit's token"
+    );
+
+    let _: () = server.cmd(&["SET", tests::scripts::COUNTER, "not a number"]);
+    let err = raise("9007199254740999").expect_err("a counter that is no integer raised");
+    assert!(err.to_string().contains("integer"), "{err}");
+    let counter: String = server.cmd(&["GET", tests::scripts::COUNTER]);
+    assert_eq!(counter, "not a number", "the counter was overwritten");
+    assert_eq!(held(), "9007199254740993", "the permit was raised");
+    assert!(token < 9007199254740992);
+}
+
 /// Sentinel: permits granted before the primary dies are on the replica
 /// (checked before the kill: without `replica_acks`, which the one replica
 /// could not give once it is the primary), so after the failover their
