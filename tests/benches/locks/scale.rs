@@ -60,10 +60,12 @@ pub fn run(ctx: &Ctx, report: &mut Report) {
 
     // 1,000 tasks on 1,000 keys, one client.
     let mgr = ctx.rslock.clone();
-    let rs_wide = ctx.rt.block_on(run_n_tasks(port, WIDE, warm, window, move |t, _| {
-        let mgr = mgr.clone();
-        async move { rslock_cycle(&mgr, &format!("c12:wide:rs:{t}"), 0).await }
-    }));
+    let rs_wide = ctx
+        .rt
+        .block_on(run_n_tasks(port, WIDE, warm, window, move |t, _| {
+            let mgr = mgr.clone();
+            async move { rslock_cycle(&mgr, &format!("c12:wide:rs:{t}"), 0).await }
+        }));
     push(
         format!("rslock, {WIDE} tasks on {WIDE} keys"),
         &rs_wide,
@@ -74,10 +76,12 @@ pub fn run(ctx: &Ctx, report: &mut Report) {
             continue;
         }
         let ours = ctx.ours.clone();
-        let w = ctx.rt.block_on(run_n_tasks(port, WIDE, warm, window, move |t, _| {
-            let ours = ours.clone();
-            async move { cycle(&ours, format!("c12:wide:{fence}:{t}"), fence).await }
-        }));
+        let w = ctx
+            .rt
+            .block_on(run_n_tasks(port, WIDE, warm, window, move |t, _| {
+                let ours = ours.clone();
+                async move { cycle(&ours, format!("c12:wide:{fence}:{t}"), fence).await }
+            }));
         push(
             format!(
                 "ours, {}, {WIDE} tasks on {WIDE} keys",
@@ -107,10 +111,12 @@ pub fn run(ctx: &Ctx, report: &mut Report) {
             continue;
         }
         let clients = clients.clone();
-        let w = ctx.rt.block_on(run_n_tasks(port, tasks, warm, window, move |t, _| {
-            let client = clients[t / PER_CLIENT].clone();
-            async move { cycle(&client, format!("c12:many:{fence}:{t}"), fence).await }
-        }));
+        let w = ctx
+            .rt
+            .block_on(run_n_tasks(port, tasks, warm, window, move |t, _| {
+                let client = clients[t / PER_CLIENT].clone();
+                async move { cycle(&client, format!("c12:many:{fence}:{t}"), fence).await }
+            }));
         push(
             format!(
                 "ours, {}, {CLIENTS} clients × {PER_CLIENT} tasks",
