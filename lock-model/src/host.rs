@@ -471,7 +471,7 @@ mod tests {
         );
         assert_eq!(
             again.reply,
-            Reply::Array(vec![Reply::Int(2), Reply::Int(1_700_000_000_123_000)])
+            Reply::Array(vec![Reply::Int(2), Reply::Bulk("1700000000123000".into())])
         );
         // (The repeat raised the counter too: a gap, and its TTL renewed.)
         assert_eq!(ks.keys["fence"].expires, Some(now + 5 + 86_400_000));
