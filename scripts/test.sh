@@ -73,7 +73,7 @@ for t in $targets; do
 done
 for t in "${valkey[@]}"; do jobs+=("valkey $t"); done
 
-lanes=${LOCK_TEST_LANES:-4}
+lanes=${LOCK_TEST_LANES:-3}
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 echo 0 >"$logs/next"
