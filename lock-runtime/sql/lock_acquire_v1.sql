@@ -9,8 +9,9 @@
 -- waits; a permit is admitted while fewer than p_permits hold the name and
 -- no live waiter is queued before it.
 -- Reads and writes lock_fences (the name's row, locked first: calls on one
--- name run one after the other), lock_holders and lock_waiters; sweeps two
--- expired names at most. Leases end by the database's clock. Safe to send
+-- name run one after the other), lock_holders (a hold takes a free slot)
+-- and lock_waiters; sweeps two expired names at most, and only when one
+-- has expired. Leases end by the database's clock. Safe to send
 -- twice: the owner id is unique per acquisition, and a second send finds
 -- its hold (status 2) or its queue entry (kept in place, its stay renewed).
 CREATE OR REPLACE FUNCTION lock_acquire_v1(
@@ -33,6 +34,9 @@ DECLARE
     v_first   timestamptz;
     v_seq     bigint;
     v_free    boolean;
+    v_mine    boolean;
+    v_slot    integer;
+    v_next    integer;
 BEGIN
     status := 0;
     token := 0;
@@ -44,25 +48,35 @@ BEGIN
            expires = CASE WHEN f.expires < v_now + v_ttl THEN v_now + v_ttl * 1.5 ELSE f.expires END
     RETURNING f.last INTO v_last;
 
-    UPDATE lock_holders SET lease_end = v_now + v_lease
-     WHERE name = p_name AND owner = p_owner AND NOT kept AND lease_end > v_now
-    RETURNING fence INTO token;
-    IF FOUND THEN
-        status := 2;
-        IF p_rejoin OR p_stay_ms IS NOT NULL THEN
-            DELETE FROM lock_waiters WHERE name = p_name AND owner = p_owner;
-        END IF;
-        RETURN;
-    END IF;
-    token := 0;
-
-    DELETE FROM lock_holders WHERE name = p_name AND lease_end <= v_now;
-    SELECT count(*) FILTER (WHERE kind = 'w'), count(*) FILTER (WHERE kind = 'r'),
-           count(*) FILTER (WHERE kind = 's'), coalesce(max(fence) FILTER (WHERE kind = 'r'), 0),
-           max(lease_end), min(lease_end)
-      INTO v_writers, v_readers, v_permits, v_read, v_longest, v_first
+    -- One read of the name's slots: the live holds by kind, whether this
+    -- owner holds it already, and the slot a new hold takes (this owner's,
+    -- else the first one free, else a new one).
+    SELECT count(*) FILTER (WHERE kind = 'w' AND lease_end > v_now),
+           count(*) FILTER (WHERE kind = 'r' AND lease_end > v_now),
+           count(*) FILTER (WHERE kind = 's' AND lease_end > v_now),
+           coalesce(max(fence) FILTER (WHERE kind = 'r' AND lease_end > v_now), 0),
+           max(lease_end) FILTER (WHERE lease_end > v_now),
+           min(lease_end) FILTER (WHERE lease_end > v_now),
+           bool_or(owner = p_owner AND NOT kept AND lease_end > v_now),
+           coalesce(min(slot) FILTER (WHERE owner = p_owner),
+                    min(slot) FILTER (WHERE lease_end <= v_now)),
+           coalesce(max(slot) + 1, 0)
+      INTO v_writers, v_readers, v_permits, v_read, v_longest, v_first, v_mine, v_slot, v_next
       FROM lock_holders WHERE name = p_name;
 
+    IF v_mine THEN
+        UPDATE lock_holders SET lease_end = v_now + v_lease
+         WHERE name = p_name AND slot = v_slot AND NOT kept AND lease_end > v_now
+        RETURNING fence INTO token;
+        IF FOUND THEN
+            status := 2;
+            IF p_rejoin OR p_stay_ms IS NOT NULL THEN
+                DELETE FROM lock_waiters WHERE name = p_name AND owner = p_owner;
+            END IF;
+            RETURN;
+        END IF;
+        token := 0;
+    END IF;
     IF p_kind = 'w' THEN
         v_free := v_writers + v_readers + v_permits = 0;
     ELSIF p_kind = 'r' THEN
@@ -88,16 +102,22 @@ BEGIN
                  WHERE name = p_name RETURNING last INTO token;
             END IF;
         END IF;
-        INSERT INTO lock_holders (name, owner, kind, lease_end, fence)
-        VALUES (p_name, p_owner, p_kind, v_now + v_lease, token)
-        ON CONFLICT (name, owner) DO UPDATE
-           SET kind = EXCLUDED.kind, lease_end = EXCLUDED.lease_end, fence = EXCLUDED.fence,
-               kept = false, handed_by = NULL;
+        IF v_slot IS NULL THEN
+            INSERT INTO lock_holders (name, slot, owner, kind, lease_end, fence)
+            VALUES (p_name, v_next, p_owner, p_kind, v_now + v_lease, token);
+        ELSE
+            UPDATE lock_holders
+               SET owner = p_owner, kind = p_kind, lease_end = v_now + v_lease, fence = token,
+                   kept = false, handed_by = NULL
+             WHERE name = p_name AND slot = v_slot;
+        END IF;
         IF p_rejoin OR p_stay_ms IS NOT NULL THEN
             DELETE FROM lock_waiters WHERE name = p_name AND owner = p_owner;
         END IF;
         status := 1;
-        PERFORM lock_sweep_v1(v_now, v_ttl);
+        IF EXISTS (SELECT 1 FROM lock_fences WHERE expires < v_now) THEN
+            PERFORM lock_sweep_v1(v_now, v_ttl);
+        END IF;
         RETURN;
     END IF;
 
@@ -115,6 +135,8 @@ BEGIN
             v_now + p_stay_ms * interval '1 millisecond')
     ON CONFLICT (name, owner) DO UPDATE SET until = EXCLUDED.until, channel = EXCLUDED.channel;
     queued_at := (extract(epoch FROM v_now) * 1000)::bigint;
-    PERFORM lock_sweep_v1(v_now, v_ttl);
+    IF EXISTS (SELECT 1 FROM lock_fences WHERE expires < v_now) THEN
+        PERFORM lock_sweep_v1(v_now, v_ttl);
+    END IF;
 END
 $$;

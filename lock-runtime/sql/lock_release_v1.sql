@@ -9,8 +9,8 @@
 -- any release does but is not recorded as the one that handed over, so that
 -- the holder's own later release finds the lock lost; p_owner may then be a
 -- hold left to its min_hold ("<owner>!", as inspect shows it).
--- Reads and writes lock_fences (the name's row, locked first), lock_holders,
--- lock_waiters. Safe to send twice: the second send finds the hold gone (0),
+-- Reads and writes lock_fences (the name's row, locked first), lock_holders
+-- (the hold's slot is freed), lock_waiters. Safe to send twice: the second send finds the hold gone (0),
 -- or handed over by this owner (1).
 CREATE OR REPLACE FUNCTION lock_release_v1(p_name text, p_owner text, p_forced boolean)
 RETURNS integer LANGUAGE plpgsql AS $$
@@ -18,7 +18,7 @@ DECLARE
     v_now   timestamptz := clock_timestamp();
     v_owner text := p_owner;
     v_kept  boolean := false;
-    v_end   timestamptz;
+    v_ended integer;
     v_kind  "char";
 BEGIN
     PERFORM 1 FROM lock_fences WHERE name = p_name FOR UPDATE;
@@ -29,11 +29,19 @@ BEGIN
         v_owner := left(p_owner, -1);
         v_kept := true;
     END IF;
-    DELETE FROM lock_holders WHERE name = p_name AND owner = v_owner AND kept = v_kept
-    RETURNING lease_end INTO v_end;
+    -- Free the owner's slot; its fence keeps whether the hold ended in its
+    -- lease (1) or after (0).
+    UPDATE lock_holders
+       SET owner = '', lease_end = '-infinity', kept = false, handed_by = NULL,
+           fence = CASE WHEN lease_end > v_now THEN 1 ELSE 0 END
+     WHERE name = p_name AND owner = v_owner AND kept = v_kept
+    RETURNING fence INTO v_ended;
     IF FOUND THEN
-        PERFORM lock_serve_v1(p_name, v_now, CASE WHEN p_forced THEN NULL ELSE v_owner END);
-        RETURN CASE WHEN v_end > v_now THEN 1 ELSE 0 END;
+        -- Nobody queued: nothing to hand over.
+        IF EXISTS (SELECT 1 FROM lock_waiters WHERE name = p_name) THEN
+            PERFORM lock_serve_v1(p_name, v_now, CASE WHEN p_forced THEN NULL ELSE v_owner END);
+        END IF;
+        RETURN v_ended;
     END IF;
     DELETE FROM lock_waiters WHERE name = p_name AND owner = v_owner RETURNING kind INTO v_kind;
     IF FOUND AND v_kind = 'w' THEN

@@ -7,7 +7,8 @@
 -- waiters whose client does not listen now (lock_listeners: the process
 -- died, or it has not started listening yet and asks again): nobody would
 -- hear their grant, and the lock would sit idle for their lease.
--- Reads lock_listeners and pg_stat_activity; reads and writes lock_holders,
+-- Reads lock_listeners and pg_stat_activity; reads and writes lock_holders
+-- (each waiter served takes a slot as lock_acquire_v1 does),
 -- lock_waiters and the name's lock_fences row,
 -- which the caller has locked. Called only by lock_acquire_v1 and
 -- lock_release_v1, inside their one statement: safe to repeat, since a
@@ -25,13 +26,13 @@ DECLARE
     v_read    bigint;
     v_token   bigint;
     v_served  integer := 0;
+    v_slot    integer;
     q         record;
 BEGIN
-    DELETE FROM lock_holders WHERE name = p_name AND lease_end <= p_now;
     SELECT count(*) FILTER (WHERE kind = 'w'), count(*) FILTER (WHERE kind = 'r'),
            count(*) FILTER (WHERE kind = 's'), coalesce(max(fence) FILTER (WHERE kind = 'r'), 0)
       INTO v_writers, v_readers, v_permits, v_read
-      FROM lock_holders WHERE name = p_name;
+      FROM lock_holders WHERE name = p_name AND lease_end > p_now;
     IF v_writers > 0 THEN
         RETURN 0;
     END IF;
@@ -65,11 +66,22 @@ BEGIN
                 END IF;
             END IF;
         END IF;
-        INSERT INTO lock_holders (name, owner, kind, lease_end, fence, handed_by)
-        VALUES (p_name, q.owner, q.kind, p_now + q.lease_ms * interval '1 millisecond', v_token, p_from)
-        ON CONFLICT (name, owner) DO UPDATE
-           SET kind = EXCLUDED.kind, lease_end = EXCLUDED.lease_end, fence = EXCLUDED.fence,
-               kept = false, handed_by = EXCLUDED.handed_by;
+        -- The waiter's own slot, else the first free one, else a new one.
+        SELECT slot INTO v_slot FROM lock_holders
+         WHERE name = p_name AND (owner = q.owner OR lease_end <= p_now)
+         ORDER BY owner = q.owner DESC, slot LIMIT 1;
+        IF FOUND THEN
+            UPDATE lock_holders
+               SET owner = q.owner, kind = q.kind,
+                   lease_end = p_now + q.lease_ms * interval '1 millisecond', fence = v_token,
+                   kept = false, handed_by = p_from
+             WHERE name = p_name AND slot = v_slot;
+        ELSE
+            INSERT INTO lock_holders (name, slot, owner, kind, lease_end, fence, handed_by)
+            SELECT p_name, coalesce(max(slot) + 1, 0), q.owner, q.kind,
+                   p_now + q.lease_ms * interval '1 millisecond', v_token, p_from
+              FROM lock_holders WHERE name = p_name;
+        END IF;
         DELETE FROM lock_waiters WHERE name = p_name AND owner = q.owner;
         PERFORM pg_notify(q.channel, q.owner || ' ' || v_token || ' ' || v_ms || ' ' || p_name);
         v_served := v_served + 1;

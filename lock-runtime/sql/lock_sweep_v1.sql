@@ -1,6 +1,6 @@
 -- Drop what is kept of up to two lock names whose fence row has expired
 -- (fence_ttl after their last acquisition) and that nobody holds or waits
--- for any more: their fence row, lapsed holds and lapsed waiters. A name
+-- for any more: their fence row, their slots and lapsed waiters. A name
 -- still in use gets its fence row's expiry moved on instead. Rows another
 -- call has locked are skipped, so this never waits.
 -- Reads and writes lock_fences, lock_holders, lock_waiters. Called by

@@ -4,23 +4,28 @@
 -- `lock_*_v1.sql` files), in one transaction.
 -- Safe to run twice: every statement is IF NOT EXISTS.
 --
--- lock_holders: one row per hold (a writer, each reader, each permit of a
--- semaphore), with its lease end by the database's clock. Renewals only
--- move lease_end, which no index covers, and the fill factor leaves room on
--- each page: a renewal is a HOT update, and the table does not bloat.
+-- lock_holders: the slots of a name, one per hold (a writer, each reader,
+-- each permit of a semaphore), with its lease end by the database's clock.
+-- A hold takes the name's free slot (released, or its lease over) and a
+-- release frees it (owner '', lease_end -infinity, fence 1 if it ended in
+-- its lease, else 0): slots are used again, not inserted and deleted, so a
+-- lock cycle, like a renewal, only updates columns no index covers (HOT
+-- updates, room left on each page by the fill factor) and the table does
+-- not bloat. A name's slots go with its lock_fences row (lock_sweep_v1).
 -- kind: 'w' writer, 'r' reader, 's' permit. kept: its holder released it
 -- under min_hold; it stays taken until lease_end, renewed by nobody.
 -- handed_by: the owner whose release handed it over (a release sent twice
--- knows it ran).
+-- knows it ran). An owner has one slot of a name at most.
 CREATE TABLE IF NOT EXISTS lock_holders (
     name      text        NOT NULL,
+    slot      integer     NOT NULL,
     owner     text        NOT NULL,
     kind      "char"      NOT NULL,
     lease_end timestamptz NOT NULL,
     fence     bigint      NOT NULL,
     kept      boolean     NOT NULL DEFAULT false,
     handed_by text,
-    PRIMARY KEY (name, owner)
+    PRIMARY KEY (name, slot)
 ) WITH (fillfactor = 50);
 
 -- lock_fences: per lock name, the last token handed out (tokens rise per

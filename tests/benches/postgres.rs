@@ -14,6 +14,7 @@
 //! cargo bench -p tests --bench postgres              # writes its section of docs/BENCHMARKS.md
 //! LOCKBENCH_QUICK=1 cargo bench -p tests --bench postgres   # a smoke run, docs left as they are
 //! LOCKBENCH_PG_CYCLES=100000 …                       # the table-size case with fewer cycles
+//! LOCKBENCH_PG_ONLY=1,2 …                            # some cases only (P1-P6), docs left as they are
 //! ```
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -222,6 +223,80 @@ impl Bench {
         println!("{block}");
         self.out.push_str(&block);
         self.out.push('\n');
+    }
+}
+
+/// Case P0 (diagnostic, only with LOCKBENCH_PG_ONLY=0): where one task's
+/// cycle spends its time on the client.
+async fn diagnose(b: &mut Bench) {
+    let url = b.url(Who::Ours);
+    let c = LockClient::connect(&url).await.unwrap();
+    let raw = connection(&url).await;
+    let n = 2000;
+    let mut t_lock = Vec::new();
+    let mut t_nowait = Vec::new();
+    let mut t_rel = Vec::new();
+    let mut t_raw = Vec::new();
+    for i in 0..n {
+        let t = Instant::now();
+        let g = c.lock("diag").wait(Duration::from_secs(60)).await.unwrap();
+        let l = t.elapsed();
+        let t = Instant::now();
+        g.release().await.unwrap();
+        let r = t.elapsed();
+        let t = Instant::now();
+        let g = c.lock("diag").await.unwrap();
+        let nw = t.elapsed();
+        g.release().await.unwrap();
+        let t = Instant::now();
+        let owner = format!("raw{i}");
+        raw.query_typed(
+            "SELECT * FROM lock_acquire_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+            &[
+                (&"rawdiag", tokio_postgres::types::Type::TEXT),
+                (&owner, tokio_postgres::types::Type::TEXT),
+                (&(b'w' as i8), tokio_postgres::types::Type::CHAR),
+                (&0i32, tokio_postgres::types::Type::INT4),
+                (&30000i64, tokio_postgres::types::Type::INT8),
+                (&None::<i64>, tokio_postgres::types::Type::INT8),
+                (&false, tokio_postgres::types::Type::BOOL),
+                (&true, tokio_postgres::types::Type::BOOL),
+                (&"ch", tokio_postgres::types::Type::TEXT),
+                (&600000i64, tokio_postgres::types::Type::INT8),
+            ],
+        )
+        .await
+        .unwrap();
+        raw.query_typed(
+            "SELECT lock_release_v1($1, $2, $3)",
+            &[
+                (&"rawdiag", tokio_postgres::types::Type::TEXT),
+                (&owner, tokio_postgres::types::Type::TEXT),
+                (&false, tokio_postgres::types::Type::BOOL),
+            ],
+        )
+        .await
+        .unwrap();
+        let rw = t.elapsed();
+        if i >= 200 {
+            t_lock.push(l);
+            t_rel.push(r);
+            t_nowait.push(nw);
+            t_raw.push(rw);
+        }
+    }
+    for (what, v) in [
+        ("lock wait", &mut t_lock),
+        ("release", &mut t_rel),
+        ("lock nowait", &mut t_nowait),
+        ("raw cycle", &mut t_raw),
+    ] {
+        v.sort();
+        eprintln!(
+            "P0 {what}: p50 {} p90 {}",
+            us(percentile(v, 0.5)),
+            us(percentile(v, 0.9))
+        );
     }
 }
 
@@ -701,19 +776,39 @@ fn main() {
     }
     let machine = machine(&b.pg);
     let started = Instant::now();
+    // LOCKBENCH_PG_ONLY=1,2: some cases only (docs left as they are).
+    let only: Option<Vec<u32>> = std::env::var("LOCKBENCH_PG_ONLY")
+        .ok()
+        .map(|v| v.split(',').filter_map(|c| c.trim().parse().ok()).collect());
+    let run = |case: u32| only.as_ref().is_none_or(|o| o.contains(&case));
     rt.block_on(async {
-        eprintln!("== case P1: one task");
-        one_task(&mut b).await;
-        eprintln!("== case P2: 32 tasks on 32 keys");
-        throughput(&mut b).await;
-        eprintln!("== case P3: WAL and statements");
-        wal_and_statements(&mut b).await;
-        eprintln!("== case P4: hand-off");
-        hand_off(&mut b).await;
-        eprintln!("== case P5: renewals");
-        renewals(&mut b).await;
-        eprintln!("== case P6: table size");
-        table_size(&mut b).await;
+        if only.as_ref().is_some_and(|o| o.contains(&0)) {
+            diagnose(&mut b).await;
+        }
+        if run(1) {
+            eprintln!("== case P1: one task");
+            one_task(&mut b).await;
+        }
+        if run(2) {
+            eprintln!("== case P2: 32 tasks on 32 keys");
+            throughput(&mut b).await;
+        }
+        if run(3) {
+            eprintln!("== case P3: WAL and statements");
+            wal_and_statements(&mut b).await;
+        }
+        if run(4) {
+            eprintln!("== case P4: hand-off");
+            hand_off(&mut b).await;
+        }
+        if run(5) {
+            eprintln!("== case P5: renewals");
+            renewals(&mut b).await;
+        }
+        if run(6) {
+            eprintln!("== case P6: table size");
+            table_size(&mut b).await;
+        }
     });
     let doc = format!(
         "{BEGIN}\n## PostgreSQL engine (`cargo bench -p tests --bench postgres`)\n\n\
@@ -725,8 +820,8 @@ fn main() {
         b.out
     );
     println!("{doc}");
-    if quick {
-        eprintln!("quick run: docs/BENCHMARKS.md left as it is");
+    if quick || only.is_some() {
+        eprintln!("quick or partial run: docs/BENCHMARKS.md left as it is");
         return;
     }
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/BENCHMARKS.md");

@@ -24,14 +24,14 @@ fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Runtime::new().unwrap()
 }
 
-/// `(lease_end, fence)` of the holds of the lock named after `key`, the
-/// lease end in µs of the database's clock.
+/// `(lease_end, fence)` of the holds of the lock named after `key` (its
+/// free slots aside), the lease end in µs of the database's clock.
 fn holds_of(pg: &PostgresServer, db: &str, key: &str) -> Vec<(i64, i64)> {
     pg.query_in(
         db,
         &format!(
             "SELECT (extract(epoch FROM lease_end) * 1e6)::bigint, fence FROM lock_holders \
-             WHERE name LIKE {} OR name LIKE {} ORDER BY lease_end",
+             WHERE (name LIKE {} OR name LIKE {}) AND owner <> '' ORDER BY lease_end",
             tests::postgres::quote_literal(&format!("%{key}")),
             tests::postgres::quote_literal(&format!("%{{{key}}}"))
         ),
