@@ -205,6 +205,19 @@ impl Wakeups {
         self.notify_all();
     }
 
+    /// The one connection that listened on every channel ended, and
+    /// nothing opens it again by itself (PostgreSQL's listening session):
+    /// every waiter asks again and listens afresh, as after a Cluster
+    /// slot's move, rather than wait on a session that is gone.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn listener_gone(&self) {
+        for slot in self.slots.lock().unwrap().values_mut() {
+            slot.ready = false;
+            slot.dropped = true;
+        }
+        self.notify_all();
+    }
+
     /// Stop being where waiters listen: wake them all to go elsewhere.
     pub(crate) fn retire(&self) {
         self.retired.store(true, Ordering::Release);

@@ -1,7 +1,8 @@
 //! The PostgreSQL engine under faults, against real servers: a holder
 //! killed, the server paused, connections terminated under held locks,
-//! replies lost after their statement ran, an immediate-stop crash, lost
-//! token counters, and a failover to a synchronous standby.
+//! replies lost after their statement ran, an immediate-stop crash (under
+//! holds and under a parked waiter), lost token counters, and a failover to
+//! a synchronous standby.
 //!
 //! Double holders are counted in the bodies: every client is a
 //! `LockClient` of its own in this process, so a body that finds another
@@ -466,4 +467,90 @@ fn a_hold_survives_failover_to_a_synchronous_standby() {
         .unwrap();
     assert!(next.fence() > fence);
     rt.block_on(next.release()).unwrap();
+}
+
+/// A waiter parked when the server crashes (immediate stop, then start) is
+/// still handed the lock by the next release, by its grant and not by
+/// asking again: its listening session died with the server, so it asks
+/// once more, listens afresh and parks; the holder's row survived the
+/// crash, and its release after the restart serves the waiter. With a
+/// `retry_delay` of 30 s, the guard comes back well within it.
+#[test]
+fn a_waiter_parked_across_a_server_crash_is_handed_the_lock() {
+    let rt = rt();
+    let mut pg = PostgresServer::options().durable().start();
+    let url = pg.url();
+    let (a, b) = rt.block_on(async {
+        let a = LockClient::connect(&url).await.unwrap();
+        let b = LockClient::builder()
+            .retry_delay(Duration::from_secs(30))
+            .connect(&url)
+            .await
+            .unwrap();
+        (a, b)
+    });
+    let key = unique("pglisten");
+    let held = rt
+        .block_on(a.lock(&key).lease(Duration::from_secs(20)).into_future())
+        .unwrap();
+    let waiter = rt.spawn({
+        let (b, key) = (b.clone(), key.clone());
+        async move {
+            let g = b.lock(&key).wait(Duration::from_secs(25)).await?;
+            let at = Instant::now();
+            g.release().await?;
+            Ok::<_, LockError>(at)
+        }
+    });
+    let parked = |what: &str| {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while b.waiting_here(&key) != 1 {
+            assert!(Instant::now() < deadline, "{what}: the waiter did not park");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    parked("before the crash");
+    pg.restart();
+    // The waiter's session is gone: it asks again, and parks once its new
+    // listening session is recorded. Until then a release would pass it
+    // over; this waits for the event, not for time.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let listeners = pg.query_in(
+            "postgres",
+            "SELECT count(*) FROM lock_listeners l, pg_stat_get_activity(l.pid) s \
+             WHERE s.backend_start = l.started",
+        );
+        let waiting = pg.query_in(
+            "postgres",
+            &format!(
+                "SELECT count(*) FROM lock_waiters WHERE name LIKE {}",
+                tests::postgres::quote_literal(&format!("%{key}%"))
+            ),
+        );
+        if listeners[0][0] != "0" && waiting[0][0] == "1" {
+            break;
+        }
+        if Instant::now() > deadline {
+            let ended = waiter
+                .is_finished()
+                .then(|| rt.block_on(waiter).unwrap().err());
+            panic!("after the crash: {listeners:?} live listeners, {waiting:?} waiting; the waiter ended: {ended:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    parked("after the crash");
+    let released = Instant::now();
+    rt.block_on(held.release())
+        .expect("the hold survived the crash");
+    let granted = rt
+        .block_on(waiter)
+        .unwrap()
+        .expect("the waiter was handed the lock");
+    let after = granted.saturating_duration_since(released);
+    println!("granted {after:?} after the release");
+    assert!(
+        after < Duration::from_secs(10),
+        "granted {after:?} after the release: by asking again, not by its grant"
+    );
 }

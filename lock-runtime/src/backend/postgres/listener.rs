@@ -4,7 +4,7 @@
 //! channel, in its own statement: `<owner> <token> <server ms> <name>`.
 //! The message is routed to the waiting request as a Redis grant is
 //! (`wakeups.rs`, `claims.rs`); nobody polls. If this connection drops,
-//! every waiter asks again, and the next one to park listens afresh.
+//! every waiter asks again and listens afresh, on a new session.
 //!
 //! The session records itself in `lock_listeners` (`lock_listen_v1`): a
 //! release serves only waiters whose client's session is alive, as a Redis
@@ -184,6 +184,10 @@ where
             None => break,
         }
     }
-    // Grants sent from now on reach nobody here: every waiter asks again.
-    wakeups.disconnected();
+    // Closed first, so that a waiter woken below finds the client closed
+    // and opens a new session rather than wait on this one.
+    drop(connection);
+    // Grants sent from now on reach nobody here: every waiter asks again
+    // and listens afresh.
+    wakeups.listener_gone();
 }
