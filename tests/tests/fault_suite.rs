@@ -652,6 +652,7 @@ fn run(mut s: Scenario<'_>, plan: Plan, workers: usize) -> Report {
         lease: locking.lease,
         slop: Duration::from_millis(150),
         op_timeout: Some(OP_TIMEOUT),
+        body_end_bounds: false,
     };
     let mut fencing_seen = !plan.fencing_case;
     // A kind (or the fencing case) still missing at the limit gets up to

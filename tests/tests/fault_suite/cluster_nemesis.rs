@@ -230,6 +230,7 @@ pub(crate) fn run(run_for: Duration, moves: Moves) -> ClusterRun {
         lease: LEASE,
         slop: Duration::from_millis(150),
         op_timeout: Some(OP_TIMEOUT),
+        body_end_bounds: false,
     };
     let mut report = history::check(&hist, &cfg);
     report.leftover_keys = Some(leftover.clone());

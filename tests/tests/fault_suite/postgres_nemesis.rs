@@ -134,6 +134,7 @@ pub(crate) fn run(run_for: Duration, reply_loss: f64) -> PgRun {
         lease: locking.lease,
         slop: Duration::from_millis(150),
         op_timeout: Some(OP_TIMEOUT),
+        body_end_bounds: false,
     };
     let mut report = history::check(&hist, &cfg);
     report.extra.push((
