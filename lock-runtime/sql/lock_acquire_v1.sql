@@ -9,7 +9,8 @@
 -- waits; a permit is admitted while fewer than p_permits hold the name and
 -- no live waiter is queued before it.
 -- Reads and writes lock_fences (the name's row, locked first: calls on one
--- name run one after the other), lock_holders (a hold takes a free slot)
+-- name run one after the other), lock_holders (a hold takes a free slot,
+-- after any renewal in flight of a lapsed one)
 -- and lock_waiters; sweeps two expired names at most, and only when one
 -- has expired. Leases end by the database's clock. Safe to send
 -- twice: the owner id is unique per acquisition, and a second send finds
@@ -47,6 +48,13 @@ BEGIN
        SET last = CASE WHEN v_bump THEN greatest(f.last + 1, v_us) ELSE f.last END,
            expires = CASE WHEN f.expires < v_now + v_ttl THEN v_now + v_ttl * 1.5 ELSE f.expires END
     RETURNING f.last INTO v_last;
+
+    -- A renewal in flight (it locks no counter row) of a hold whose lease
+    -- looks over: wait for it, so that the read below sees its new lease,
+    -- and hold the row, so that a renewal after this sees the new owner.
+    PERFORM 1 FROM lock_holders
+     WHERE name = p_name AND owner <> '' AND lease_end <= v_now
+       FOR NO KEY UPDATE;
 
     -- One read of the name's slots: the live holds by kind, whether this
     -- owner holds it already, and the slot a new hold takes (this owner's,
@@ -109,7 +117,13 @@ BEGIN
             UPDATE lock_holders
                SET owner = p_owner, kind = p_kind, lease_end = v_now + v_lease, fence = token,
                    kept = false, handed_by = NULL
-             WHERE name = p_name AND slot = v_slot;
+             WHERE name = p_name AND slot = v_slot AND (owner = p_owner OR lease_end <= v_now);
+            IF NOT FOUND THEN
+                -- The slot came back to life since the read: never take it.
+                -- Sent again, the call reads the name afresh.
+                RAISE EXCEPTION 'lock slot % of % taken meanwhile', v_slot, p_name
+                      USING ERRCODE = 'serialization_failure';
+            END IF;
         END IF;
         IF p_rejoin OR p_stay_ms IS NOT NULL THEN
             DELETE FROM lock_waiters WHERE name = p_name AND owner = p_owner;

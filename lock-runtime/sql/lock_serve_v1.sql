@@ -29,6 +29,11 @@ DECLARE
     v_slot    integer;
     q         record;
 BEGIN
+    -- As in lock_acquire_v1: a renewal in flight of a hold whose lease
+    -- looks over is waited for, and the row held.
+    PERFORM 1 FROM lock_holders
+     WHERE name = p_name AND owner <> '' AND lease_end <= p_now
+       FOR NO KEY UPDATE;
     SELECT count(*) FILTER (WHERE kind = 'w'), count(*) FILTER (WHERE kind = 'r'),
            count(*) FILTER (WHERE kind = 's'), coalesce(max(fence) FILTER (WHERE kind = 'r'), 0)
       INTO v_writers, v_readers, v_permits, v_read
@@ -75,7 +80,12 @@ BEGIN
                SET owner = q.owner, kind = q.kind,
                    lease_end = p_now + q.lease_ms * interval '1 millisecond', fence = v_token,
                    kept = false, handed_by = p_from
-             WHERE name = p_name AND slot = v_slot;
+             WHERE name = p_name AND slot = v_slot
+               AND (owner = q.owner OR lease_end <= p_now);
+            IF NOT FOUND THEN
+                RAISE EXCEPTION 'lock slot % of % taken meanwhile', v_slot, p_name
+                      USING ERRCODE = 'serialization_failure';
+            END IF;
         ELSE
             INSERT INTO lock_holders (name, slot, owner, kind, lease_end, fence, handed_by)
             SELECT p_name, coalesce(max(slot) + 1, 0), q.owner, q.kind,

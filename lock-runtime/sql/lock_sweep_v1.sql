@@ -12,6 +12,10 @@ DECLARE
 BEGIN
     FOR r IN SELECT name FROM lock_fences WHERE expires < p_now
               ORDER BY expires LIMIT 2 FOR UPDATE SKIP LOCKED LOOP
+        -- A renewal in flight of a hold that looks over is waited for.
+        PERFORM 1 FROM lock_holders
+         WHERE name = r.name AND owner <> '' AND lease_end <= p_now
+           FOR NO KEY UPDATE;
         IF EXISTS (SELECT 1 FROM lock_holders WHERE name = r.name AND lease_end > p_now)
            OR EXISTS (SELECT 1 FROM lock_waiters WHERE name = r.name AND until > p_now) THEN
             UPDATE lock_fences SET expires = p_now + p_ttl WHERE name = r.name;

@@ -235,6 +235,85 @@ async fn lock_cycles_reuse_the_name_s_slot() {
     );
 }
 
+/// A renewal in flight when the lease runs out (it checked the hold in
+/// time, and its commit is slow: a WAL flush, a synchronous standby) keeps
+/// the hold: an acquire that reads the lease as over waits for that
+/// renewal, sees the new lease, and answers busy. Before, the acquire read
+/// the slot as free without waiting, took it when the renewal committed,
+/// and both held the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_waits_for_a_renewal_in_flight() {
+    let (server, db, url) = fresh();
+    let connect = || async {
+        let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        c
+    };
+    // The schema, as a client creates it.
+    LockClient::connect(&url).await.unwrap();
+    let key = name(&unique("inflight"));
+    let acquire = |owner: &str| {
+        format!(
+            "SELECT status FROM lock_acquire_v1('{key}', '{owner}', 'w', 0, 300, NULL, false, true, 'lock_x', 86400000)"
+        )
+    };
+    let a = connect().await;
+    let took: i32 = a.query_one(&acquire("a"), &[]).await.unwrap().get(0);
+    assert_eq!(took, 1);
+    // The renewal of `a`, its row updated and not yet committed...
+    a.batch_execute(&format!(
+        "BEGIN; UPDATE lock_holders SET lease_end = clock_timestamp() + interval '30 s' \
+         WHERE name = '{key}' AND owner = 'a'"
+    ))
+    .await
+    .unwrap();
+    // ...while the lease runs out (time is the subject: 300 ms).
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let b = connect().await;
+    let b_pid: i32 = b
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let sql = acquire("b");
+    let asked =
+        tokio::spawn(async move { b.query_one(&sql, &[]).await.map(|r| r.get::<_, i32>(0)) });
+    // The acquire waits on the renewal's row.
+    let watcher = connect().await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let waiting: bool = watcher
+            .query_one(
+                "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1",
+                &[&b_pid],
+            )
+            .await
+            .unwrap()
+            .get::<_, Option<bool>>(0)
+            .unwrap_or(false);
+        if waiting || asked.is_finished() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the acquire neither waited nor answered"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    a.batch_execute("COMMIT").await.unwrap();
+    let status = asked.await.unwrap().unwrap();
+    assert_eq!(status, 0, "granted over a hold whose renewal was in flight");
+    let holders = server.query_in(
+        &db,
+        &format!(
+            "SELECT owner FROM lock_holders WHERE name = '{key}' AND lease_end > clock_timestamp()"
+        ),
+    );
+    assert_eq!(holders, [["a"]], "the renewed hold is a's alone");
+}
+
 /// A lock name nobody holds or waits for leaves nothing once its fence row
 /// has expired (fence_ttl after its last acquisition, and no later than
 /// half of it again): later calls sweep it.
