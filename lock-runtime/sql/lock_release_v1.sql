@@ -9,6 +9,9 @@
 -- any release does but is not recorded as the one that handed over, so that
 -- the holder's own later release finds the lock lost; p_owner may then be a
 -- hold left to its min_hold ("<owner>!", as inspect shows it).
+-- A release that hands nothing over commits without waiting for the WAL
+-- flush (synchronous_commit off for its transaction only): losing it loses
+-- no safety, only the lock's time until its lease ends.
 -- Reads and writes lock_fences (the name's row, locked first), lock_holders
 -- (the hold's slot is freed), lock_waiters. Safe to send twice: the second send finds the hold gone (0),
 -- or handed over by this owner (1).
@@ -37,9 +40,15 @@ BEGIN
      WHERE name = p_name AND owner = v_owner AND kept = v_kept
     RETURNING fence INTO v_ended;
     IF FOUND THEN
-        -- Nobody queued: nothing to hand over.
         IF EXISTS (SELECT 1 FROM lock_waiters WHERE name = p_name) THEN
             PERFORM lock_serve_v1(p_name, v_now, CASE WHEN p_forced THEN NULL ELSE v_owner END);
+        ELSIF NOT p_forced THEN
+            -- Nobody queued, nothing handed over: the commit need not wait
+            -- for the WAL flush. Lost in a crash, this release leaves the
+            -- lock held until its lease ends, as a crash of its holder
+            -- would; any later commit that waits (a grant, a renewal)
+            -- flushes it first.
+            PERFORM set_config('synchronous_commit', 'off', true);
         END IF;
         RETURN v_ended;
     END IF;

@@ -159,6 +159,59 @@ async fn one_statement_per_lock_and_one_per_unlock() {
     assert_eq!(server.statements_in(&db), 20);
 }
 
+/// Over a connection that reaches the server itself, a lock statement is
+/// parsed and planned once per connection, then only bound: PostgreSQL
+/// plans a prepared statement for its first five runs and then keeps a
+/// generic plan. Through anything in between (a TCP proxy, a real
+/// `pgbouncer` in transaction mode) every call stays an unnamed statement,
+/// planned each time: a pooler may run it on a session where another
+/// process prepared a different statement under the same name. Before,
+/// every call was planned wherever it went.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statements_are_prepared_only_where_the_server_is_reached_directly() {
+    if !tests::postgres::has_pg_stat_statements() {
+        println!("pg_stat_statements is not installed: plans not counted");
+        return;
+    }
+    let server = PostgresServer::shared();
+    let proxy = tests::proxy::Proxy::start(server.port());
+    let bouncer = tests::postgres::PgBouncer::start(server, 2);
+    let mut plans = Vec::new();
+    for via in ["direct", "proxy", "pgbouncer"] {
+        let db = server.fresh_database();
+        server.psql(&format!(
+            "ALTER DATABASE {db} SET pg_stat_statements.track_planning = on"
+        ));
+        let url = match via {
+            "direct" => server.url_for(&db),
+            "proxy" => format!("postgres://postgres@127.0.0.1:{}/{db}", proxy.port()),
+            _ => bouncer.url_for(&db),
+        };
+        let client = LockClient::connect(&url).await.unwrap();
+        let key = unique("prepared");
+        for _ in 0..30 {
+            client.lock(&key).await.unwrap().release().await.unwrap();
+        }
+        let row = server.query_in(
+            "postgres",
+            &format!(
+                "SELECT coalesce(sum(calls), 0)::bigint, coalesce(sum(plans), 0)::bigint \
+                 FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid \
+                 WHERE d.datname = '{db}' AND s.query LIKE '%lock_acquire_v1(%' \
+                 AND s.query NOT LIKE '%pg_stat%'"
+            ),
+        );
+        let (calls, planned): (i64, i64) = (row[0][0].parse().unwrap(), row[0][1].parse().unwrap());
+        assert!(calls >= 30, "{via}: {calls} acquires counted");
+        plans.push((via, planned));
+    }
+    assert!(plans[0].1 <= 6, "30 acquires planned: {plans:?}");
+    assert!(
+        plans[1..].iter().all(|(_, n)| *n >= 30),
+        "30 acquires planned (prepared where they must not be?): {plans:?}"
+    );
+}
+
 /// The HOT share of a table's updates, once the server has counted at
 /// least `least` updates: (updates, HOT updates).
 async fn updates(server: &PostgresServer, db: &str, table: &str, least: i64) -> (i64, i64) {
@@ -233,6 +286,48 @@ async fn lock_cycles_reuse_the_name_s_slot() {
         hot * 100 >= upd * 95,
         "{hot} of {upd} cycle updates were HOT"
     );
+}
+
+/// A release that hands nothing over commits without waiting for the WAL
+/// flush: lost in a crash, it leaves the lock held until its lease ends,
+/// which costs time and no safety. One that serves a queue, and an
+/// operator's forced release, wait for the flush as grants do. Before, every
+/// release waited: a flush per release, the larger share of an uncontended
+/// unlock's time with `fsync` on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_release_that_hands_nothing_over_skips_the_flush() {
+    let (server, db, url) = fresh();
+    // The schema, as a client creates it.
+    LockClient::connect(&url).await.unwrap();
+    let key = name(&unique("flush"));
+    // A name per case: `owner` on `key`:`owner`.
+    let acquire = |owner: &str, on: &str, stay: &str| {
+        format!(
+            "SELECT status FROM lock_acquire_v1('{key}:{on}', '{owner}', 'w', 0, 30000, {stay}, false, true, 'lock_x', 86400000);"
+        )
+    };
+    let release = |owner: &str, forced: bool| {
+        format!("SELECT lock_release_v1('{key}:{owner}', '{owner}', {forced});")
+    };
+    // Each case in one transaction, the setting read before its commit.
+    let commit_waits = |calls: String| {
+        let out = server.psql_in(
+            &db,
+            &format!("BEGIN; {calls} SHOW synchronous_commit; COMMIT;"),
+        );
+        out.lines().last().unwrap_or_default().to_string()
+    };
+    assert_eq!(
+        commit_waits("SELECT 1;".into()),
+        "on",
+        "the server's default"
+    );
+    let plain = acquire("a", "a", "NULL") + &release("a", false);
+    assert_eq!(commit_waits(plain), "off", "a release nobody waits behind");
+    let queued = acquire("c", "c", "NULL") + &acquire("d", "c", "30000") + &release("c", false);
+    assert_eq!(commit_waits(queued), "on", "a release with a waiter queued");
+    let forced = acquire("e", "e", "NULL") + &release("e", true);
+    assert_eq!(commit_waits(forced), "on", "a forced release");
 }
 
 /// A renewal in flight when the lease runs out (it checked the hold in

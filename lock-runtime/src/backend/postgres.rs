@@ -23,6 +23,7 @@ use super::{Acquired, Queue, Queued, Released, Renewal, Renewed};
 use crate::key::{client_of, LockName, Mode};
 use crate::wakeups::Waiter;
 
+mod direct;
 mod errors;
 mod listener;
 mod operations;

@@ -4,21 +4,31 @@
 //! (an undo never overtakes the attempt it takes back); tokio-postgres
 //! pipelines the calls of many locks on one connection.
 //!
-//! Each call is one statement, `SELECT` of a lock function, typed and
-//! unnamed (`query_typed`): no prepared statement outlives it, so a pooler
-//! in transaction mode passes it. A call whose connection broke is sent
-//! again on a new one while the operation timeout lasts: every function
-//! is safe to run twice.
+//! Each call is one statement, `SELECT` of a lock function. On a
+//! connection that reaches the server itself (the address and port the
+//! server says it was reached at are ones the URL names), each statement is
+//! prepared once and then only bound: the server parses and plans it once
+//! per connection, not once per call. Anywhere else (a pooler or proxy in
+//! between, a Unix socket) statements are typed and unnamed
+//! (`query_typed`): a pooler in transaction mode may run a connection's
+//! statements on any server session, where a name one process prepared
+//! could be bound by another to a statement of its own. A call whose
+//! connection broke is sent again on a new one while the operation timeout
+//! lasts: every function is safe to run twice.
 
+use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::runtime::Handle;
 use tokio::time::Instant;
+use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{Client, NoTls, Row};
+use tokio_postgres::{Client, NoTls, Row, Statement};
 
+use super::direct::reaches_the_server;
 use super::tls::Tls;
 
 use super::errors::{connect_fault, describe, sql_fault};
@@ -46,11 +56,23 @@ pub(crate) struct Pool {
     installed: tokio::sync::OnceCell<()>,
     /// `host:port/db`, for messages.
     pub(crate) addr: String,
+    /// Statements may be prepared on connections that reach the server
+    /// itself; cleared for good if the server ever says a prepared one is
+    /// not there (something between us pools sessions after all).
+    may_prepare: AtomicBool,
+}
+
+/// One open connection.
+pub(crate) struct Conn {
+    client: Client,
+    /// The statements prepared on it, by their text; `None` where
+    /// statements stay unnamed (see the module's doc).
+    prepared: Option<Mutex<HashMap<String, Statement>>>,
 }
 
 #[derive(Default)]
 struct Slot {
-    conn: Mutex<Option<Arc<Client>>>,
+    conn: Mutex<Option<Arc<Conn>>>,
     /// One connect at a time per slot.
     gate: tokio::sync::Mutex<()>,
 }
@@ -71,6 +93,7 @@ impl Pool {
             io,
             installed: tokio::sync::OnceCell::new(),
             addr,
+            may_prepare: AtomicBool::new(true),
         }
     }
 
@@ -105,7 +128,7 @@ impl Pool {
                     .lock()
                     .unwrap()
                     .as_ref()
-                    .is_some_and(|c| !c.is_closed())
+                    .is_some_and(|c| !c.client.is_closed())
             })
             .unwrap_or(fallback)
     }
@@ -155,13 +178,30 @@ impl Pool {
         let mut pause = RETRY_PAUSE;
         let mut repeated = false;
         loop {
-            let client = self.client(route, deadline).await?;
-            let out = tokio::time::timeout_at(deadline, client.query_typed(sql, params)).await;
+            let conn = self.client(route, deadline).await?;
+            let out = tokio::time::timeout_at(deadline, self.run(&conn, sql, params)).await;
             let fault = match out {
                 Ok(Ok(rows)) => return Ok((rows, repeated)),
-                Ok(Err(e)) => {
-                    if e.is_closed() || client.is_closed() {
-                        self.drop_conn(route, &client);
+                Ok(Err(Failed::Prepare(e))) if is_pooled(&e) => {
+                    // Nothing ran: sent again, unnamed.
+                    self.stop_preparing(route, &conn);
+                    continue;
+                }
+                Ok(Err(Failed::Prepare(e))) => {
+                    // Nothing ran (the connection broke while preparing, or
+                    // the function was replaced under its statement): sent
+                    // again on a new connection, which prepares afresh.
+                    self.drop_conn(route, &conn);
+                    connect_fault(what, &e)
+                }
+                Ok(Err(Failed::Stopped)) => {
+                    return Err(Fault::other(format!(
+                        "{what}: the lock client's I/O thread has stopped"
+                    )))
+                }
+                Ok(Err(Failed::Run(e))) => {
+                    if e.is_closed() || conn.client.is_closed() {
+                        self.drop_conn(route, &conn);
                     }
                     sql_fault(what, &e)
                 }
@@ -177,18 +217,87 @@ impl Pool {
         }
     }
 
-    fn drop_conn(&self, route: usize, client: &Arc<Client>) {
-        let mut conn = self.slots[route].conn.lock().unwrap();
-        if conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, client)) {
-            *conn = None;
+    /// `sql` on `conn`: bound to its prepared statement (prepared now if
+    /// this is its first run there), or typed and unnamed.
+    async fn run(
+        &self,
+        conn: &Arc<Conn>,
+        sql: &str,
+        params: &[Param<'_>],
+    ) -> Result<Vec<Row>, Failed> {
+        let prepared = match &conn.prepared {
+            Some(prepared) if self.may_prepare.load(Ordering::Relaxed) => prepared,
+            _ => {
+                return conn
+                    .client
+                    .query_typed(sql, params)
+                    .await
+                    .map_err(Failed::Run)
+            }
+        };
+        let known = prepared.lock().unwrap().get(sql).cloned();
+        let statement = match known {
+            Some(statement) => statement,
+            None => {
+                // Prepared by a task of its own, which finishes and keeps
+                // the statement even if this call is dropped meanwhile: a
+                // named statement is never left on the session unknown.
+                let types: Vec<Type> = params.iter().map(|(_, t)| t.clone()).collect();
+                let (conn, text) = (conn.clone(), sql.to_owned());
+                let prepare = self.io.spawn(async move {
+                    let statement = conn.client.prepare_typed(&text, &types).await?;
+                    if let Some(prepared) = &conn.prepared {
+                        prepared.lock().unwrap().insert(text, statement.clone());
+                    }
+                    Ok(statement)
+                });
+                match prepare.await {
+                    Ok(out) => out.map_err(Failed::Prepare)?,
+                    Err(_) => return Err(Failed::Stopped),
+                }
+            }
+        };
+        let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
+        match conn.client.query(&statement, &values).await {
+            // Bound to a statement the session lacks, or whose plan no
+            // longer fits: it ran nothing.
+            Err(e) if is_unknown_statement(&e) => Err(Failed::Prepare(e)),
+            out => out.map_err(Failed::Run),
+        }
+    }
+
+    /// Statements go unnamed from now on, on every connection: a session
+    /// lacked one this client prepared on it, so something between us
+    /// hands sessions around.
+    fn stop_preparing(&self, route: usize, conn: &Arc<Conn>) {
+        if self.may_prepare.swap(false, Ordering::Relaxed) {
+            tracing::warn!(
+                server = %self.addr,
+                "a prepared lock statement was not found on its session; \
+                 sending lock statements unnamed from now on"
+            );
+        }
+        self.drop_conn(route, conn);
+    }
+
+    fn drop_conn(&self, route: usize, conn: &Arc<Conn>) {
+        let mut slot = self.slots[route].conn.lock().unwrap();
+        if slot.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
+            *slot = None;
         }
     }
 
     /// The open connection of `route`, connecting it if needed by
     /// `deadline`.
-    async fn client(&self, route: usize, deadline: Instant) -> Result<Arc<Client>, Fault> {
+    async fn client(&self, route: usize, deadline: Instant) -> Result<Arc<Conn>, Fault> {
         let slot = &self.slots[route];
-        let open = |slot: &Slot| slot.conn.lock().unwrap().clone().filter(|c| !c.is_closed());
+        let open = |slot: &Slot| {
+            slot.conn
+                .lock()
+                .unwrap()
+                .clone()
+                .filter(|c| !c.client.is_closed())
+        };
         if let Some(c) = open(slot) {
             return Ok(c);
         }
@@ -204,19 +313,52 @@ impl Pool {
             .connect_timeout
             .min(deadline.saturating_duration_since(Instant::now()))
             .max(Duration::from_millis(1));
-        let client = Arc::new(connect(&self.config, &self.tls, &self.io, budget, &what).await?);
+        let client = connect(&self.config, &self.tls, &self.io, budget, &what).await?;
+        // Asked within a second at most (a slow resolver makes it no).
+        let ask = deadline.min(Instant::now() + Duration::from_secs(1));
+        let direct = self.may_prepare.load(Ordering::Relaxed)
+            && tokio::time::timeout_at(ask, reaches_the_server(&client, &self.config))
+                .await
+                .unwrap_or(false);
+        let conn = Arc::new(Conn {
+            client,
+            prepared: direct.then(Mutex::default),
+        });
+        let client = &conn.client;
         self.installed
             .get_or_try_init(|| async {
-                tokio::time::timeout_at(deadline, schema::install(&client))
+                tokio::time::timeout_at(deadline, schema::install(client))
                     .await
                     .map_err(|_| {
                         Fault::timed_out("creating the lock tables", self.settings.op_timeout)
                     })?
             })
             .await?;
-        *slot.conn.lock().unwrap() = Some(client.clone());
-        Ok(client)
+        *slot.conn.lock().unwrap() = Some(conn.clone());
+        Ok(conn)
     }
+}
+
+/// How a statement failed: before it could run (preparing it, or bound to
+/// a statement the session lacks), or running.
+enum Failed {
+    Prepare(tokio_postgres::Error),
+    Run(tokio_postgres::Error),
+    /// The I/O runtime is gone.
+    Stopped,
+}
+
+/// The session lacks a statement this client prepared on it, or has one of
+/// that name already: something between us hands sessions around.
+fn is_pooled(e: &tokio_postgres::Error) -> bool {
+    e.code() == Some(&SqlState::INVALID_SQL_STATEMENT_NAME)
+        || e.code() == Some(&SqlState::DUPLICATE_PSTATEMENT)
+}
+
+/// A prepared statement could not be bound, so nothing ran: the session
+/// lacks it, or its plan no longer fits (the function was replaced).
+fn is_unknown_statement(e: &tokio_postgres::Error) -> bool {
+    is_pooled(e) || e.code() == Some(&SqlState::FEATURE_NOT_SUPPORTED)
 }
 
 /// Open one connection within `budget`, its task on `io`.
