@@ -160,9 +160,9 @@ async fn one_statement_per_lock_and_one_per_unlock() {
 }
 
 /// Over a connection that reaches the server itself, a lock statement is
-/// parsed and planned once per connection, then only bound: PostgreSQL
-/// plans a prepared statement for its first five runs and then keeps a
-/// generic plan. Through anything in between (a TCP proxy, a real
+/// prepared once per connection (beside the first calls, which go unnamed
+/// meanwhile), then only bound: PostgreSQL plans a prepared statement for
+/// its first five runs and then keeps a generic plan. Through anything in between (a TCP proxy, a real
 /// `pgbouncer` in transaction mode) every call stays an unnamed statement,
 /// planned each time: a pooler may run it on a session where another
 /// process prepared a different statement under the same name. Before,
@@ -205,7 +205,9 @@ async fn statements_are_prepared_only_where_the_server_is_reached_directly() {
         assert!(calls >= 30, "{via}: {calls} acquires counted");
         plans.push((via, planned));
     }
-    assert!(plans[0].1 <= 6, "30 acquires planned: {plans:?}");
+    // (The first calls on a new connection go unnamed while it is found
+    // direct and the statement prepared beside them.)
+    assert!(plans[0].1 <= 12, "30 acquires planned: {plans:?}");
     assert!(
         plans[1..].iter().all(|(_, n)| *n >= 30),
         "30 acquires planned (prepared where they must not be?): {plans:?}"

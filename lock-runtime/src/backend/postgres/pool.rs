@@ -5,10 +5,9 @@
 //! pipelines the calls of many locks on one connection.
 //!
 //! Each call is one statement, `SELECT` of a lock function. On a
-//! connection that reaches the server itself (the address and port the
-//! server says it was reached at are ones the URL names), each statement is
-//! prepared once and then only bound: the server parses and plans it once
-//! per connection, not once per call. Anywhere else (a pooler or proxy in
+//! connection that reaches the server itself (`direct.rs`), each statement
+//! is prepared once, beside its first call, and then only bound: the
+//! server parses and plans it once per connection, not once per call. Anywhere else (a pooler or proxy in
 //! between, a Unix socket) statements are typed and unnamed
 //! (`query_typed`): a pooler in transaction mode may run a connection's
 //! statements on any server session, where a name one process prepared
@@ -59,15 +58,19 @@ pub(crate) struct Pool {
     /// Statements may be prepared on connections that reach the server
     /// itself; cleared for good if the server ever says a prepared one is
     /// not there (something between us pools sessions after all).
-    may_prepare: AtomicBool,
+    may_prepare: Arc<AtomicBool>,
 }
 
 /// One open connection.
 pub(crate) struct Conn {
     client: Client,
-    /// The statements prepared on it, by their text; `None` where
-    /// statements stay unnamed (see the module's doc).
-    prepared: Option<Mutex<HashMap<String, Statement>>>,
+    /// Whether it reaches the server itself (`direct.rs`): found out by a
+    /// task of its own after it opened; until then, and if not, its
+    /// statements go unnamed.
+    direct: AtomicBool,
+    /// The statements prepared on it, by their text; `None`: one is being
+    /// prepared.
+    prepared: Mutex<HashMap<String, Option<Statement>>>,
 }
 
 #[derive(Default)]
@@ -93,7 +96,7 @@ impl Pool {
             io,
             installed: tokio::sync::OnceCell::new(),
             addr,
-            may_prepare: AtomicBool::new(true),
+            may_prepare: Arc::new(AtomicBool::new(true)),
         }
     }
 
@@ -182,22 +185,17 @@ impl Pool {
             let out = tokio::time::timeout_at(deadline, self.run(&conn, sql, params)).await;
             let fault = match out {
                 Ok(Ok(rows)) => return Ok((rows, repeated)),
-                Ok(Err(Failed::Prepare(e))) if is_pooled(&e) => {
-                    // Nothing ran: sent again, unnamed.
-                    self.stop_preparing(route, &conn);
+                Ok(Err(Failed::Unbound(e))) => {
+                    // Nothing ran: sent again unnamed (the session lacks
+                    // the statement: a pooler hands sessions around), or
+                    // on a new connection that prepares afresh (its plan
+                    // no longer fits).
+                    if is_pooled(&e) {
+                        self.stop_preparing(route, &conn);
+                    } else {
+                        self.drop_conn(route, &conn);
+                    }
                     continue;
-                }
-                Ok(Err(Failed::Prepare(e))) => {
-                    // Nothing ran (the connection broke while preparing, or
-                    // the function was replaced under its statement): sent
-                    // again on a new connection, which prepares afresh.
-                    self.drop_conn(route, &conn);
-                    connect_fault(what, &e)
-                }
-                Ok(Err(Failed::Stopped)) => {
-                    return Err(Fault::other(format!(
-                        "{what}: the lock client's I/O thread has stopped"
-                    )))
                 }
                 Ok(Err(Failed::Run(e))) => {
                     if e.is_closed() || conn.client.is_closed() {
@@ -217,53 +215,67 @@ impl Pool {
         }
     }
 
-    /// `sql` on `conn`: bound to its prepared statement (prepared now if
-    /// this is its first run there), or typed and unnamed.
+    /// `sql` on `conn`: bound to its prepared statement if it has one,
+    /// else typed and unnamed. On a direct connection the first run of a
+    /// statement also starts preparing it, beside the call: preparing
+    /// never delays a call, nor makes it fail.
     async fn run(
         &self,
         conn: &Arc<Conn>,
         sql: &str,
         params: &[Param<'_>],
     ) -> Result<Vec<Row>, Failed> {
-        let prepared = match &conn.prepared {
-            Some(prepared) if self.may_prepare.load(Ordering::Relaxed) => prepared,
-            _ => {
-                return conn
-                    .client
-                    .query_typed(sql, params)
-                    .await
-                    .map_err(Failed::Run)
-            }
-        };
-        let known = prepared.lock().unwrap().get(sql).cloned();
-        let statement = match known {
-            Some(statement) => statement,
-            None => {
-                // Prepared by a task of its own, which finishes and keeps
-                // the statement even if this call is dropped meanwhile: a
-                // named statement is never left on the session unknown.
-                let types: Vec<Type> = params.iter().map(|(_, t)| t.clone()).collect();
-                let (conn, text) = (conn.clone(), sql.to_owned());
-                let prepare = self.io.spawn(async move {
-                    let statement = conn.client.prepare_typed(&text, &types).await?;
-                    if let Some(prepared) = &conn.prepared {
-                        prepared.lock().unwrap().insert(text, statement.clone());
+        let statement =
+            if conn.direct.load(Ordering::Relaxed) && self.may_prepare.load(Ordering::Relaxed) {
+                let mut prepared = conn.prepared.lock().unwrap();
+                match prepared.get(sql) {
+                    Some(known) => known.clone(),
+                    None => {
+                        prepared.insert(sql.to_owned(), None);
+                        self.prepare(conn, sql, params);
+                        None
                     }
-                    Ok(statement)
-                });
-                match prepare.await {
-                    Ok(out) => out.map_err(Failed::Prepare)?,
-                    Err(_) => return Err(Failed::Stopped),
                 }
-            }
+            } else {
+                None
+            };
+        let Some(statement) = statement else {
+            return conn
+                .client
+                .query_typed(sql, params)
+                .await
+                .map_err(Failed::Run);
         };
         let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
         match conn.client.query(&statement, &values).await {
             // Bound to a statement the session lacks, or whose plan no
             // longer fits: it ran nothing.
-            Err(e) if is_unknown_statement(&e) => Err(Failed::Prepare(e)),
+            Err(e) if is_unknown_statement(&e) => Err(Failed::Unbound(e)),
             out => out.map_err(Failed::Run),
         }
+    }
+
+    /// Prepare `sql` on `conn` by a task of the I/O runtime, which keeps
+    /// the statement when it is ready (and leaves no unknown name on the
+    /// session if the caller is gone meanwhile). A failure leaves it
+    /// unnamed on this connection, and a session that already has the name
+    /// stops preparing everywhere (see [`is_pooled`]).
+    fn prepare(&self, conn: &Arc<Conn>, sql: &str, params: &[Param<'_>]) {
+        let types: Vec<Type> = params.iter().map(|(_, t)| t.clone()).collect();
+        let (conn, text, may_prepare) = (conn.clone(), sql.to_owned(), self.may_prepare.clone());
+        self.io.spawn(async move {
+            match conn.client.prepare_typed(&text, &types).await {
+                Ok(statement) => {
+                    conn.prepared.lock().unwrap().insert(text, Some(statement));
+                }
+                Err(e) => {
+                    if is_pooled(&e) {
+                        may_prepare.store(false, Ordering::Relaxed);
+                    }
+                    tracing::debug!(error = %e, "preparing a lock statement failed; it stays unnamed");
+                }
+            }
+        });
     }
 
     /// Statements go unnamed from now on, on every connection: a session
@@ -314,16 +326,22 @@ impl Pool {
             .min(deadline.saturating_duration_since(Instant::now()))
             .max(Duration::from_millis(1));
         let client = connect(&self.config, &self.tls, &self.io, budget, &what).await?;
-        // Asked within a second at most (a slow resolver makes it no).
-        let ask = deadline.min(Instant::now() + Duration::from_secs(1));
-        let direct = self.may_prepare.load(Ordering::Relaxed)
-            && tokio::time::timeout_at(ask, reaches_the_server(&client, &self.config))
-                .await
-                .unwrap_or(false);
         let conn = Arc::new(Conn {
             client,
-            prepared: direct.then(Mutex::default),
+            direct: AtomicBool::new(false),
+            prepared: Mutex::default(),
         });
+        if self.may_prepare.load(Ordering::Relaxed) {
+            // Found out beside the calls, within a second at most (a slow
+            // resolver makes it no).
+            let (found, config) = (conn.clone(), self.config.clone());
+            self.io.spawn(async move {
+                let ask = reaches_the_server(&found.client, &config);
+                if let Ok(true) = tokio::time::timeout(Duration::from_secs(1), ask).await {
+                    found.direct.store(true, Ordering::Relaxed);
+                }
+            });
+        }
         let client = &conn.client;
         self.installed
             .get_or_try_init(|| async {
@@ -339,13 +357,11 @@ impl Pool {
     }
 }
 
-/// How a statement failed: before it could run (preparing it, or bound to
-/// a statement the session lacks), or running.
+/// How a statement failed: bound to a prepared statement the session
+/// could not run (nothing ran), or running.
 enum Failed {
-    Prepare(tokio_postgres::Error),
+    Unbound(tokio_postgres::Error),
     Run(tokio_postgres::Error),
-    /// The I/O runtime is gone.
-    Stopped,
 }
 
 /// The session lacks a statement this client prepared on it, or has one of
