@@ -40,7 +40,13 @@ pub(crate) async fn reaches_the_server(client: &Client, config: &tokio_postgres:
     let (Some(server), Some(client_end)) = (end(0, 1), end(2, 3)) else {
         return false;
     };
-    named_by_url(server, config).await && owns_socket(client_end, server)
+    // Reading `/proc/net/tcp` takes as long as the machine has sockets
+    // (thousands, on a busy one): off the runtime's threads, which drive
+    // every connection of the client.
+    named_by_url(server, config).await
+        && tokio::task::spawn_blocking(move || owns_socket(client_end, server))
+            .await
+            .unwrap_or(false)
 }
 
 /// Whether `server` is an address and port the URL names (`host`,
