@@ -186,14 +186,14 @@ impl Pool {
             let fault = match out {
                 Ok(Ok(rows)) => return Ok((rows, repeated)),
                 Ok(Err(Failed::Unbound(e))) => {
-                    // Nothing ran: sent again unnamed (the session lacks
-                    // the statement: a pooler hands sessions around), or
-                    // on a new connection that prepares afresh (its plan
-                    // no longer fits).
+                    // Nothing ran: sent again unnamed, on every connection
+                    // from now on (a pooler hands sessions around), or on
+                    // this one until the statement is prepared afresh (its
+                    // plan no longer fits).
                     if is_pooled(&e) {
                         self.stop_preparing(route, &conn);
                     } else {
-                        self.drop_conn(route, &conn);
+                        conn.prepared.lock().unwrap().remove(sql);
                     }
                     continue;
                 }
@@ -250,7 +250,7 @@ impl Pool {
         match conn.client.query(&statement, &values).await {
             // Bound to a statement the session lacks, or whose plan no
             // longer fits: it ran nothing.
-            Err(e) if is_unknown_statement(&e) => Err(Failed::Unbound(e)),
+            Err(e) if is_pooled(&e) || is_stale_plan(&e) => Err(Failed::Unbound(e)),
             out => out.map_err(Failed::Run),
         }
     }
@@ -285,8 +285,8 @@ impl Pool {
         if self.may_prepare.swap(false, Ordering::Relaxed) {
             tracing::warn!(
                 server = %self.addr,
-                "a prepared lock statement was not found on its session; \
-                 sending lock statements unnamed from now on"
+                "a session did not have the lock statement prepared on it \
+                 (a pooler between?); sending lock statements unnamed from now on"
             );
         }
         self.drop_conn(route, conn);
@@ -364,17 +364,28 @@ enum Failed {
     Run(tokio_postgres::Error),
 }
 
-/// The session lacks a statement this client prepared on it, or has one of
-/// that name already: something between us hands sessions around.
+/// The session lacks a statement this client prepared on it, has one of
+/// that name already, or bound the name to a statement of other parameters
+/// (their count, or their binary form): something between us hands
+/// sessions around.
 fn is_pooled(e: &tokio_postgres::Error) -> bool {
-    e.code() == Some(&SqlState::INVALID_SQL_STATEMENT_NAME)
-        || e.code() == Some(&SqlState::DUPLICATE_PSTATEMENT)
+    [
+        SqlState::INVALID_SQL_STATEMENT_NAME,
+        SqlState::DUPLICATE_PSTATEMENT,
+        SqlState::PROTOCOL_VIOLATION,
+        SqlState::INVALID_BINARY_REPRESENTATION,
+    ]
+    .iter()
+    .any(|code| e.code() == Some(code))
 }
 
-/// A prepared statement could not be bound, so nothing ran: the session
-/// lacks it, or its plan no longer fits (the function was replaced).
-fn is_unknown_statement(e: &tokio_postgres::Error) -> bool {
-    is_pooled(e) || e.code() == Some(&SqlState::FEATURE_NOT_SUPPORTED)
+/// The statement's plan no longer fits (the function was replaced under
+/// it): the server says so before running anything.
+fn is_stale_plan(e: &tokio_postgres::Error) -> bool {
+    e.code() == Some(&SqlState::FEATURE_NOT_SUPPORTED)
+        && e.as_db_error()
+            .and_then(|d| d.routine())
+            .is_some_and(|r| r == "RevalidateCachedQuery")
 }
 
 /// Open one connection within `budget`, its task on `io`.
