@@ -2,23 +2,89 @@
 //! in between that hands server sessions around (a pooler in transaction
 //! mode): only then may the pool prepare its statements on it (`pool.rs`).
 //!
-//! The server names the two ends of this session's TCP connection
-//! (`inet_client_addr()`, `inet_server_addr()` and their ports). The
-//! connection is direct when that very connection is a socket of this
-//! process (found in `/proc/self/net/tcp*`, its inode among
-//! `/proc/self/fd`) and its server end is an address and port the URL
-//! names. A pooler, a proxy in another process or a tunnel makes the
-//! server's peer a socket of another process (or another machine), and NAT
-//! changes an address: the answer is then no. So is a Unix socket, and any
-//! system without `/proc`: statements stay unnamed there, which is always
-//! safe.
+//! Where the URL names one server by TCP, the client opens the socket
+//! itself ([`open_socket`]) and keeps its two ends. The server names the
+//! two ends of this session's connection (`inet_client_addr()`,
+//! `inet_server_addr()` and their ports). The connection is direct when
+//! they are the same: the server's peer is this very socket. A pooler, a
+//! proxy or a tunnel makes the server's peer another socket (of another
+//! process, or another machine), and NAT changes an address: the answer is
+//! then no. So is a Unix socket, and a URL of several hosts or with
+//! `target_session_attrs`, which the driver's own connect opens:
+//! statements stay unnamed there, which is always safe.
 
+use std::io;
 use std::net::{IpAddr, SocketAddr};
 
+use tokio::net::{TcpSocket, TcpStream};
+use tokio_postgres::config::{Host, TargetSessionAttrs};
 use tokio_postgres::Client;
 
-/// See the module's doc.
-pub(crate) async fn reaches_the_server(client: &Client, config: &tokio_postgres::Config) -> bool {
+/// The two ends of a socket this client opened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Ends {
+    pub(crate) local: SocketAddr,
+    pub(crate) peer: SocketAddr,
+}
+
+/// The one server a URL names by TCP, for the client to open the socket to
+/// itself: (host, port, its `hostaddr`). `None` for several hosts, a Unix
+/// socket, or `target_session_attrs` (which the driver's connect checks).
+pub(crate) fn single_tcp_server(
+    config: &tokio_postgres::Config,
+) -> Option<(String, u16, Option<IpAddr>)> {
+    let [Host::Tcp(host)] = config.get_hosts() else {
+        return None;
+    };
+    if config.get_target_session_attrs() != TargetSessionAttrs::Any
+        || config.get_hostaddrs().len() > 1
+        || config.get_ports().len() > 1
+    {
+        return None;
+    }
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    Some((host.clone(), port, config.get_hostaddrs().first().copied()))
+}
+
+/// A TCP connection to `host:port` (to `hostaddr` if given, else to each
+/// address the name resolves to in turn), as the driver opens one: no
+/// Nagle delay, keepalives as the URL says.
+pub(crate) async fn open_socket(
+    host: &str,
+    port: u16,
+    hostaddr: Option<IpAddr>,
+    keepalives: bool,
+) -> io::Result<(TcpStream, Ends)> {
+    let addrs: Vec<SocketAddr> = match hostaddr {
+        Some(ip) => vec![SocketAddr::new(ip, port)],
+        None => tokio::net::lookup_host((host, port)).await?.collect(),
+    };
+    let mut last = io::Error::new(io::ErrorKind::NotFound, format!("{host} has no address"));
+    for addr in addrs {
+        let socket = if addr.is_ipv4() {
+            TcpSocket::new_v4()?
+        } else {
+            TcpSocket::new_v6()?
+        };
+        socket.set_keepalive(keepalives)?;
+        match socket.connect(addr).await {
+            Ok(stream) => {
+                stream.set_nodelay(true)?;
+                let ends = Ends {
+                    local: stream.local_addr()?,
+                    peer: stream.peer_addr()?,
+                };
+                return Ok((stream, ends));
+            }
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+/// Whether the session `client` runs on is served over the socket of
+/// `ends`: see the module's doc.
+pub(crate) async fn reaches_the_server(client: &Client, ends: Ends) -> bool {
     let Ok(row) = client
         .query_typed_one(
             "SELECT host(inet_server_addr()), inet_server_port(), \
@@ -37,97 +103,11 @@ pub(crate) async fn reaches_the_server(client: &Client, config: &tokio_postgres:
             u16::try_from(port).ok()?,
         ))
     };
-    let (Some(server), Some(client_end)) = (end(0, 1), end(2, 3)) else {
-        return false;
-    };
-    // Reading `/proc/net/tcp` takes as long as the machine has sockets
-    // (thousands, on a busy one): off the runtime's threads, which drive
-    // every connection of the client.
-    named_by_url(server, config).await
-        && tokio::task::spawn_blocking(move || owns_socket(client_end, server))
-            .await
-            .unwrap_or(false)
+    end(0, 1) == Some(canonical_end(ends.peer)) && end(2, 3) == Some(canonical_end(ends.local))
 }
 
-/// Whether `server` is an address and port the URL names (`host`,
-/// `hostaddr`, `port`; names resolved).
-async fn named_by_url(server: SocketAddr, config: &tokio_postgres::Config) -> bool {
-    use tokio_postgres::config::Host;
-    let ports = config.get_ports();
-    let addrs = config.get_hostaddrs();
-    for (i, host) in config.get_hosts().iter().enumerate() {
-        let dialled = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
-        if dialled != server.port() {
-            continue;
-        }
-        if addrs.get(i).is_some_and(|a| canonical(*a) == server.ip()) {
-            return true;
-        }
-        if let Host::Tcp(name) = host {
-            if let Ok(found) = tokio::net::lookup_host((name.as_str(), dialled)).await {
-                if found.map(|a| canonical(a.ip())).any(|a| a == server.ip()) {
-                    return true;
-                }
-            }
-        }
-    }
-    false
-}
-
-/// Whether this process holds the TCP socket from `local` to `remote`.
-#[cfg(target_os = "linux")]
-pub(crate) fn owns_socket(local: SocketAddr, remote: SocketAddr) -> bool {
-    let mut inodes = Vec::new();
-    for table in ["/proc/self/net/tcp", "/proc/self/net/tcp6"] {
-        let Ok(text) = std::fs::read_to_string(table) else {
-            continue;
-        };
-        for line in text.lines().skip(1) {
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            let (Some(l), Some(r), Some(inode)) = (fields.get(1), fields.get(2), fields.get(9))
-            else {
-                continue;
-            };
-            if parse_end(l) == Some(local) && parse_end(r) == Some(remote) {
-                inodes.push(format!("socket:[{inode}]"));
-            }
-        }
-    }
-    if inodes.is_empty() {
-        return false;
-    }
-    let Ok(fds) = std::fs::read_dir("/proc/self/fd") else {
-        return false;
-    };
-    fds.flatten().any(|fd| {
-        std::fs::read_link(fd.path())
-            .is_ok_and(|target| inodes.iter().any(|i| target.as_os_str() == i.as_str()))
-    })
-}
-
-/// Elsewhere nothing tells: never.
-#[cfg(not(target_os = "linux"))]
-pub(crate) fn owns_socket(_local: SocketAddr, _remote: SocketAddr) -> bool {
-    false
-}
-
-/// One end as `/proc/net/tcp*` writes it: the address's 32-bit words in
-/// hex, each in the machine's byte order, then `:` and the port in hex.
-#[cfg(target_os = "linux")]
-fn parse_end(text: &str) -> Option<SocketAddr> {
-    let (addr, port) = text.split_once(':')?;
-    let port = u16::from_str_radix(port, 16).ok()?;
-    let mut bytes = Vec::with_capacity(16);
-    for i in (0..addr.len()).step_by(8) {
-        let word = u32::from_str_radix(addr.get(i..i + 8)?, 16).ok()?;
-        bytes.extend_from_slice(&word.to_ne_bytes());
-    }
-    let ip = match bytes.len() {
-        4 => IpAddr::from(<[u8; 4]>::try_from(bytes).ok()?),
-        16 => IpAddr::from(<[u8; 16]>::try_from(bytes).ok()?),
-        _ => return None,
-    };
-    Some(SocketAddr::new(canonical(ip), port))
+fn canonical_end(end: SocketAddr) -> SocketAddr {
+    SocketAddr::new(canonical(end.ip()), end.port())
 }
 
 /// An IPv4 address written as IPv6 (`::ffff:a.b.c.d`) as plain IPv4.
@@ -138,46 +118,28 @@ fn canonical(addr: IpAddr) -> IpAddr {
     }
 }
 
-#[cfg(all(test, target_os = "linux"))]
+#[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Read;
-    use std::net::{TcpListener, TcpStream};
-    use std::process::{Command, Stdio};
+    use std::str::FromStr;
 
     #[test]
-    fn a_socket_of_this_process_is_found_and_one_of_another_is_not() {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let at = listener.local_addr().unwrap();
-        // Ours, both ends: a connection made here.
-        let mine = TcpStream::connect(at).unwrap();
-        let (accepted, _) = listener.accept().unwrap();
-        let (l, r) = (mine.local_addr().unwrap(), mine.peer_addr().unwrap());
-        assert!(owns_socket(l, r), "this process's own connection");
-        assert!(owns_socket(r, l), "the end it accepted");
-        assert!(
-            !owns_socket(l, SocketAddr::new(r.ip(), r.port() ^ 1)),
-            "another remote"
+    fn only_a_single_tcp_server_is_opened_by_the_client() {
+        let one = |url: &str| single_tcp_server(&tokio_postgres::Config::from_str(url).unwrap());
+        assert_eq!(
+            one("postgresql://u@db.example:6000/x"),
+            Some(("db.example".into(), 6000, None))
         );
-        drop((mine, accepted));
-
-        // Another process's connection to us: the end we accepted is ours,
-        // the child's end is not.
-        let mut child = Command::new("bash")
-            .arg("-c")
-            .arg(format!(
-                "exec 3<>/dev/tcp/127.0.0.1/{}; echo ok; read -r _ <&3",
-                at.port()
-            ))
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let (accepted, theirs) = listener.accept().unwrap();
-        let mut ok = [0u8; 2];
-        child.stdout.take().unwrap().read_exact(&mut ok).unwrap();
-        assert!(owns_socket(at, theirs), "the accepted end");
-        assert!(!owns_socket(theirs, at), "the child's end");
-        drop(accepted);
-        let _ = child.wait();
+        assert_eq!(
+            one("postgresql://u@db/x?hostaddr=10.0.0.5"),
+            Some(("db".into(), 5432, Some("10.0.0.5".parse().unwrap())))
+        );
+        assert_eq!(one("postgresql://u@a:1,b:2/x"), None, "several hosts");
+        assert_eq!(
+            one("postgresql://u@a/x?target_session_attrs=read-write"),
+            None,
+            "checked by the driver's connect"
+        );
+        assert_eq!(one("postgresql://u@%2Ftmp/x"), None, "a Unix socket");
     }
 }

@@ -81,3 +81,14 @@ pub(crate) fn connect_fault(context: &str, e: &tokio_postgres::Error) -> Fault {
         transient,
     }
 }
+
+/// A socket that could not be opened: nothing was sent, and the next try
+/// may reach the server.
+pub(crate) fn io_fault(context: &str, e: &std::io::Error) -> Fault {
+    Fault::Sql {
+        context: context.to_owned(),
+        message: e.to_string(),
+        may_have_run: false,
+        transient: true,
+    }
+}

@@ -27,10 +27,10 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, NoTls, Row, Statement};
 
-use super::direct::reaches_the_server;
+use super::direct::{open_socket, reaches_the_server, single_tcp_server, Ends};
 use super::tls::Tls;
 
-use super::errors::{connect_fault, describe, sql_fault};
+use super::errors::{connect_fault, describe, io_fault, sql_fault};
 use super::schema;
 use crate::backend::fault::Fault;
 use crate::backend::node::NodeSettings;
@@ -325,19 +325,17 @@ impl Pool {
             .connect_timeout
             .min(deadline.saturating_duration_since(Instant::now()))
             .max(Duration::from_millis(1));
-        let client = connect(&self.config, &self.tls, &self.io, budget, &what).await?;
+        let (client, ends) = connect(&self.config, &self.tls, &self.io, budget, &what).await?;
         let conn = Arc::new(Conn {
             client,
             direct: AtomicBool::new(false),
             prepared: Mutex::default(),
         });
-        if self.may_prepare.load(Ordering::Relaxed) {
-            // Found out beside the calls, within a second at most (a slow
-            // resolver makes it no).
-            let (found, config) = (conn.clone(), self.config.clone());
+        if let Some(ends) = ends.filter(|_| self.may_prepare.load(Ordering::Relaxed)) {
+            // Found out beside the calls.
+            let found = conn.clone();
             self.io.spawn(async move {
-                let ask = reaches_the_server(&found.client, &config);
-                if let Ok(true) = tokio::time::timeout(Duration::from_secs(1), ask).await {
+                if reaches_the_server(&found.client, ends).await {
                     found.direct.store(true, Ordering::Relaxed);
                 }
             });
@@ -388,14 +386,15 @@ fn is_stale_plan(e: &tokio_postgres::Error) -> bool {
             .is_some_and(|r| r == "RevalidateCachedQuery")
 }
 
-/// Open one connection within `budget`, its task on `io`.
+/// Open one connection within `budget`, its task on `io`; with the ends of
+/// its socket where the client opened that itself (`direct.rs`).
 pub(crate) async fn connect(
     config: &tokio_postgres::Config,
     tls: &Tls,
     io: &Handle,
     budget: Duration,
     what: &str,
-) -> Result<Client, Fault> {
+) -> Result<(Client, Option<Ends>), Fault> {
     let mut config = config.clone();
     config.connect_timeout(budget);
     let tls = tls.clone();
@@ -411,26 +410,63 @@ pub(crate) async fn connect(
                 }
             });
         }
-        match tls {
+        if let Some((host, port, hostaddr)) = single_tcp_server(&config) {
+            let (stream, ends) = open_socket(&host, port, hostaddr, config.get_keepalives())
+                .await
+                .map_err(Opening::Socket)?;
+            let client = match tls {
+                Tls::Off => {
+                    let (client, connection) = config.connect_raw(stream, NoTls).await?;
+                    drive(connection);
+                    client
+                }
+                #[cfg(feature = "tls")]
+                Tls::On(mut tls) => {
+                    use tokio_postgres::tls::MakeTlsConnect;
+                    let connect =
+                        MakeTlsConnect::<tokio::net::TcpStream>::make_tls_connect(&mut tls, &host)
+                            .map_err(Opening::Socket)?;
+                    let (client, connection) = config.connect_raw(stream, connect).await?;
+                    drive(connection);
+                    client
+                }
+            };
+            return Ok::<_, Opening>((client, Some(ends)));
+        }
+        let client = match tls {
             Tls::Off => {
                 let (client, connection) = config.connect(NoTls).await?;
                 drive(connection);
-                Ok::<_, tokio_postgres::Error>(client)
+                client
             }
             #[cfg(feature = "tls")]
             Tls::On(tls) => {
                 let (client, connection) = config.connect(tls).await?;
                 drive(connection);
-                Ok(client)
+                client
             }
-        }
+        };
+        Ok((client, None))
     });
     match tokio::time::timeout(budget, opened).await {
-        Ok(Ok(Ok(client))) => Ok(client),
-        Ok(Ok(Err(e))) => Err(connect_fault(what, &e)),
+        Ok(Ok(Ok(opened))) => Ok(opened),
+        Ok(Ok(Err(Opening::Sql(e)))) => Err(connect_fault(what, &e)),
+        Ok(Ok(Err(Opening::Socket(e)))) => Err(io_fault(what, &e)),
         Ok(Err(_)) => Err(Fault::other(format!(
             "{what}: the lock client's I/O thread has stopped"
         ))),
         Err(_) => Err(Fault::timed_out(what, budget)),
+    }
+}
+
+/// How opening a connection failed.
+enum Opening {
+    Socket(std::io::Error),
+    Sql(tokio_postgres::Error),
+}
+
+impl From<tokio_postgres::Error> for Opening {
+    fn from(e: tokio_postgres::Error) -> Self {
+        Opening::Sql(e)
     }
 }
