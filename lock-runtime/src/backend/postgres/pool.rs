@@ -7,11 +7,12 @@
 //! Each call is one statement, `SELECT` of a lock function. On a
 //! connection that reaches the server itself (`direct.rs`), each statement
 //! is prepared once, beside its first call, and then only bound: the
-//! server parses and plans it once per connection, not once per call. Anywhere else (a pooler or proxy in
-//! between, a Unix socket) statements are typed and unnamed
-//! (`query_typed`): a pooler in transaction mode may run a connection's
-//! statements on any server session, where a name one process prepared
-//! could be bound by another to a statement of its own. A call whose
+//! server parses and plans it once per connection, not once per call.
+//! Anywhere else (a pooler, proxy or tunnel in between, a Unix socket)
+//! statements are typed and unnamed (`query_typed`): a pooler in
+//! transaction mode may run a connection's statements on any server
+//! session, where a name one process prepared could be bound by another to
+//! a statement of its own. A call whose
 //! connection broke is sent again on a new one while the operation timeout
 //! lasts: every function is safe to run twice.
 
@@ -56,8 +57,8 @@ pub(crate) struct Pool {
     /// `host:port/db`, for messages.
     pub(crate) addr: String,
     /// Statements may be prepared on connections that reach the server
-    /// itself; cleared for good if the server ever says a prepared one is
-    /// not there (something between us pools sessions after all).
+    /// itself; cleared for good if a session ever turns out to be shared
+    /// ([`is_pooled`]: something between us pools sessions after all).
     may_prepare: Arc<AtomicBool>,
 }
 
