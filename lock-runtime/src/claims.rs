@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
 use crate::key::client_of;
+use crate::own_keys::OwnKeys;
 use crate::protocol::{self, Route};
 
 pub(crate) use crate::protocol::ORPHAN_AFTER;
@@ -68,9 +69,9 @@ impl Mailbox {
 pub(crate) struct Claims {
     /// The client's id.
     client: Arc<str>,
-    live: Mutex<HashMap<Arc<str>, Arc<Mailbox>>>,
+    live: Mutex<HashMap<Arc<str>, Arc<Mailbox>, OwnKeys>>,
     /// Owners holding a lock that a grant message may still name.
-    settled: Mutex<HashMap<Arc<str>, Instant>>,
+    settled: Mutex<HashMap<Arc<str>, Instant, OwnKeys>>,
     on_orphan: OnOrphan,
 }
 

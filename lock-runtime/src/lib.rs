@@ -203,6 +203,7 @@ mod key;
 mod metrics;
 mod on_lost;
 mod operations;
+mod own_keys;
 mod protocol;
 mod request;
 #[cfg(feature = "axum")]

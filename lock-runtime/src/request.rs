@@ -70,6 +70,10 @@ pub struct LockRequest {
     /// What metrics and spans call this lock: the attribute's key template,
     /// or the name given by hand.
     label: &'static str,
+    /// The scope of the body this request is for (see `run.rs`), handed
+    /// over directly: the outermost annotated call's scope is no
+    /// task-local while it acquires. `None`: the task's, if any.
+    pub(crate) scope: Option<Arc<Scope>>,
 }
 
 impl LockClient {
@@ -216,6 +220,7 @@ impl LockRequest {
             max_hold: None,
             fence: true,
             label: "manual",
+            scope: None,
         }
     }
 
@@ -396,6 +401,7 @@ impl LockRequest {
                 max_hold: self.max_hold,
                 fence: self.fence,
                 label: self.label,
+                scope: self.scope.clone(),
             };
             match one.acquire_open().await {
                 Ok(guard) => held.push(guard),
@@ -451,6 +457,7 @@ impl LockRequest {
             max_hold,
             fence,
             label,
+            scope,
             ..
         } = self;
         let cfg = &client.inner.config;
@@ -483,7 +490,7 @@ impl LockRequest {
             label,
             contended: false,
         };
-        let scope = scope::current();
+        let scope = scope.or_else(scope::current);
         if mode == Mode::Permit(0) {
             return Err(LockError::Config(format!(
                 "semaphore `{key}`: permits must be at least 1 (0 admits nobody)"

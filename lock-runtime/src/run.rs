@@ -3,10 +3,11 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::on_lost::OnLost;
-use crate::scope::{self, BodyFences};
+use crate::scope::{self, BodyFences, Scope};
 use crate::{spans, LockError, LockRequest};
 
 impl LockRequest {
@@ -54,11 +55,12 @@ impl LockRequest {
         self,
         body: Pin<&mut F>,
     ) -> Result<F::Output, LockError> {
-        if scope::current().is_some() {
-            self.run_in_scope(body).await
-        } else {
-            scope::enter(self.run_in_scope(body)).await
-        }
+        // The outermost call opens the scope: handed to the request, and
+        // set as a task-local only around the body (nested calls find it
+        // there), not around the acquire and release, whose every poll
+        // would pay for it.
+        let scope = scope::current().unwrap_or_default();
+        self.run_in_scope(scope, body).await
     }
 
     /// [`run`](LockRequest::run), except that a lock still busy after the
@@ -85,36 +87,46 @@ impl LockRequest {
     /// [`run_or_skip`](LockRequest::run_or_skip) of a body pinned by the
     /// caller.
     pub(crate) async fn run_or_skip_pinned<F: Future + ?Sized>(
-        mut self,
+        self,
         body: Pin<&mut F>,
     ) -> Result<Option<F::Output>, LockError> {
-        self.wait.get_or_insert(Duration::ZERO);
-        match self.run_pinned(body).await {
+        match self.trying_once().run_pinned(body).await {
             Ok(out) => Ok(Some(out)),
             Err(LockError::Timeout { .. }) => Ok(None),
             Err(e) => Err(e),
         }
     }
 
+    /// Without a `wait` of its own, this request tries once. (A plain fn,
+    /// as [`in_scope`](Self::in_scope).)
+    fn trying_once(mut self) -> Self {
+        self.wait.get_or_insert(Duration::ZERO);
+        self
+    }
+
+    /// This request, for a body of `scope`. (A plain fn: a `mut self` in
+    /// an `async fn` is a second copy of the request in its future.)
+    fn in_scope(mut self, scope: Arc<Scope>) -> Self {
+        self.scope = Some(scope);
+        self
+    }
+
     async fn run_in_scope<F: Future + ?Sized>(
         self,
+        outer: Arc<Scope>,
         body: Pin<&mut F>,
     ) -> Result<F::Output, LockError> {
         let on_lost = self.on_lost;
-        let mut guard = self.await?;
+        let mut guard = self.in_scope(outer.clone()).await?;
         // A permit's own body is the only place that re-enters it.
-        let scoped = guard.body_scope(scope::current());
+        let scoped = guard.body_scope(Some(outer.clone()));
         // The body runs in a `lock.hold` span (DEBUG; INFO from a loss
         // on): a trace shows how long it held the lock, after the
         // `lock.acquire` span showed the wait.
         let (label, fence) = (guard.label(), guard.fence());
         let phases = spans::hold(guard.key(), label, fence);
         let fences = BodyFences::of(guard.key_fences());
-        // (One future either way: `run` put this call in a scope, and a
-        // lock's body runs in it again; a match of two awaits would hold
-        // the body twice, and nested bodies multiply that.)
-        let scope = scoped.or_else(scope::current).unwrap_or_default();
-        let body = scope::within(scope, scope::with_fences(fences, body));
+        let body = scope::body(scoped.unwrap_or(outer), fences, body);
         let body = spans::Held::new(body, phases);
         tokio::pin!(body);
         let lost = guard.lost();

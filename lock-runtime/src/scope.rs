@@ -12,11 +12,10 @@
 //! child scope that wraps only its own body ([`Scope::body_of`]), so calls
 //! nested in that body re-enter it and its body's siblings do not.
 //!
-//! The tokens are a task-local of their own, set around each annotated
-//! body only while that body is polled: bodies joined in one task each see
-//! their own.
+//! The scope and the body's tokens are one task-local, set around each
+//! annotated body only while that body is polled (not while its lock is
+//! taken or released): bodies joined in one task each see their own.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -27,8 +26,13 @@ use crate::hold::Hold;
 use crate::key::Mode;
 
 tokio::task_local! {
-    static SCOPE: Arc<Scope>;
-    static BODY: BodyFences;
+    static BODY: Body;
+}
+
+/// What an annotated body being polled sees: its scope and its tokens.
+struct Body {
+    scope: Arc<Scope>,
+    fences: BodyFences,
 }
 
 /// The keys and tokens of the annotated body being polled. A single key
@@ -102,8 +106,9 @@ pub(crate) struct Scope {
     /// The scope a permit's body scope is nested in: locks join and
     /// re-enter there, so scope-mates keep sharing them.
     parent: Option<Arc<Scope>>,
-    /// Each lock the scope holds, with how many of its guards are open.
-    held: Mutex<HashMap<HoldKey, (Arc<Hold>, usize)>>,
+    /// Each lock the scope holds, with how many of its guards are open: a
+    /// few (one per nesting level and key), searched in place.
+    held: Mutex<Vec<(HoldKey, Arc<Hold>, usize)>>,
     /// A lock joined the scope: a scope-mate that waits for the same key
     /// (futures joined in one body) re-enters it instead.
     joined: Notify,
@@ -151,7 +156,7 @@ impl Scope {
 
     fn reenter_here(&self, client: &Arc<str>, hash: &Arc<str>, mode: Mode) -> Reentry {
         let mut held = self.held.lock().unwrap();
-        match held.get_mut(&(client.clone(), hash.clone())) {
+        match find(&mut held, client, hash) {
             Some((hold, _)) if !serves(Mode::of(&hold.owner), mode) => {
                 if Mode::of(&hold.owner) == Mode::Read && mode == Mode::Write {
                     Reentry::Upgrade
@@ -176,13 +181,11 @@ impl Scope {
         if let Some(parent) = self.lock_scope(hold) {
             return parent.insert(client, hold);
         }
-        let key = (client.clone(), hold.name.hash.clone());
         let mut held = self.held.lock().unwrap();
-        match held.get(&key) {
+        match find(&mut held, client, &hold.name.hash) {
             Some((h, _)) if !h.is_lost() => {}
-            _ => {
-                held.insert(key, (hold.clone(), 1));
-            }
+            Some((h, guards)) => (*h, *guards) = (hold.clone(), 1),
+            None => held.push(((client.clone(), hold.name.hash.clone()), hold.clone(), 1)),
         }
         drop(held);
         self.joined.notify_waiters();
@@ -195,19 +198,18 @@ impl Scope {
         if let Some(parent) = self.lock_scope(hold) {
             return parent.leave(client, hold);
         }
-        let key = (client.clone(), hold.name.hash.clone());
         let mut held = self.held.lock().unwrap();
-        match held.get_mut(&key) {
-            Some((h, guards)) if Arc::ptr_eq(h, hold) => {
-                *guards -= 1;
-                if *guards == 0 {
-                    held.remove(&key);
-                    true
-                } else {
-                    false
-                }
-            }
-            _ => true,
+        let Some(at) = held.iter().position(|((c, n), h, _)| {
+            Arc::ptr_eq(h, hold) && is(c, client) && is(n, &hold.name.hash)
+        }) else {
+            return true;
+        };
+        held[at].2 -= 1;
+        if held[at].2 == 0 {
+            held.swap_remove(at);
+            true
+        } else {
+            false
         }
     }
 
@@ -230,11 +232,11 @@ impl Scope {
             parent,
             ..Scope::default()
         };
-        scope
-            .held
-            .lock()
-            .unwrap()
-            .insert((client.clone(), hold.name.hash.clone()), (hold.clone(), 1));
+        scope.held.lock().unwrap().push((
+            (client.clone(), hold.name.hash.clone()),
+            hold.clone(),
+            1,
+        ));
         Arc::new(scope)
     }
 
@@ -244,31 +246,37 @@ impl Scope {
     }
 }
 
-/// The scope of the annotated call this task is in, if any.
+/// The held entry of `client`'s lock `hash`, if the scope holds it.
+fn find<'a>(
+    held: &'a mut [(HoldKey, Arc<Hold>, usize)],
+    client: &Arc<str>,
+    hash: &Arc<str>,
+) -> Option<(&'a mut Arc<Hold>, &'a mut usize)> {
+    held.iter_mut()
+        .find(|((c, n), _, _)| is(n, hash) && is(c, client))
+        .map(|(_, h, guards)| (h, guards))
+}
+
+/// The same name: often the very same string.
+fn is(a: &Arc<str>, b: &Arc<str>) -> bool {
+    Arc::ptr_eq(a, b) || **a == **b
+}
+
+/// The scope of the annotated body this task is in, if any.
 pub(crate) fn current() -> Option<Arc<Scope>> {
-    SCOPE.try_with(Arc::clone).ok()
+    BODY.try_with(|b| b.scope.clone()).ok()
 }
 
-// (Plain fns: an `async fn` would hold `fut` twice, as its argument and
-// inside the task-local's future.)
-
-/// Run `fut` as a new holder.
-pub(crate) fn enter<F: Future>(fut: F) -> impl Future<Output = F::Output> {
-    SCOPE.scope(Arc::default(), fut)
-}
-
-/// Run `fut` in `scope` (a permit's body scope).
-pub(crate) fn within<F: Future>(scope: Arc<Scope>, fut: F) -> impl Future<Output = F::Output> {
-    SCOPE.scope(scope, fut)
-}
-
-/// Run an annotated body: `current_fence()` and `current_fences()` inside
-/// it are its keys' tokens.
-pub(crate) fn with_fences<F: Future>(
+/// Run an annotated body in `scope`: nested calls re-enter its holds, and
+/// `current_fence()` and `current_fences()` inside it are its keys' tokens.
+/// (A plain fn: an `async fn` would hold `body` twice, as its argument and
+/// inside the task-local's future.)
+pub(crate) fn body<F: Future>(
+    scope: Arc<Scope>,
     fences: BodyFences,
     body: F,
 ) -> impl Future<Output = F::Output> {
-    BODY.scope(fences, body)
+    BODY.scope(Body { scope, fences }, body)
 }
 
 /// The fencing token of the annotated body this code runs in (the innermost
@@ -283,7 +291,7 @@ pub(crate) fn with_fences<F: Future>(
 /// guard's [`fence`](crate::LockGuard::fence)); [`current_fences`] has them
 /// all.
 pub fn current_fence() -> Option<u64> {
-    BODY.try_with(BodyFences::first).ok().flatten()
+    BODY.try_with(|b| b.fences.first()).ok().flatten()
 }
 
 /// Every key of the annotated body this code runs in (the innermost one)
@@ -307,5 +315,5 @@ pub fn current_fence() -> Option<u64> {
 /// # Ok(()) }
 /// ```
 pub fn current_fences() -> Vec<(String, u64)> {
-    BODY.try_with(BodyFences::all).unwrap_or_default()
+    BODY.try_with(|b| b.fences.all()).unwrap_or_default()
 }

@@ -20,12 +20,22 @@ use tokio::time::Instant;
 
 use crate::backend::{Backend, Renewal, Renewed};
 use crate::io::Io;
+use crate::own_keys::OwnKeys;
 use crate::protocol::{Renewing, Tick, Verdict};
 
 /// Identifies one lock held by one owner.
-type EntryKey = (Arc<str>, Arc<str>);
+/// An entry's key: the lock's hash and its owner, hashed by the owner
+/// alone (unique to the hold, and made by the client: see `own_keys.rs`).
+#[derive(Clone, PartialEq, Eq)]
+struct EntryKey(Arc<str>, Arc<str>);
 
-type Entries = HashMap<EntryKey, Entry>;
+impl std::hash::Hash for EntryKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.1.hash(state);
+    }
+}
+
+type Entries = HashMap<EntryKey, Entry, OwnKeys>;
 
 pub(crate) struct Watchdog {
     shared: Arc<Shared>,
@@ -189,7 +199,7 @@ impl LostSignal {
 
 /// The entries' key: the lock's hash and its owner.
 fn entry_key((hash, owner): (&Arc<str>, &Arc<str>)) -> EntryKey {
-    (hash.clone(), owner.clone())
+    EntryKey(hash.clone(), owner.clone())
 }
 
 /// A guard's link to its watchdog entry. The entry's key (the lock's
@@ -320,7 +330,7 @@ impl Watchdog {
         drift: Duration,
         until: Option<Instant>,
     ) -> Held {
-        let key: EntryKey = (renewal.name.hash.clone(), renewal.owner.clone());
+        let key = EntryKey(renewal.name.hash.clone(), renewal.owner.clone());
         let timing = Renewing::start(granted_at, renewal.lease, drift, until);
         let lost = LostSignal::new(granted_at, timing.deadline);
         if let Some(u) = until {
@@ -429,7 +439,7 @@ impl Watchdog {
 
     /// Whether `owner`'s lock under `hash` is being renewed.
     pub(crate) fn holds(&self, hash: &Arc<str>, owner: &Arc<str>) -> bool {
-        let key: EntryKey = (hash.clone(), owner.clone());
+        let key = EntryKey(hash.clone(), owner.clone());
         self.shared.entries.lock().unwrap().contains_key(&key)
     }
 

@@ -13,18 +13,40 @@
 //! `CYCLES_WHERE`: `task` (a task of a multi-thread runtime), `current`
 //! (a current-thread runtime), `block_on` (a multi-thread runtime's
 //! `block_on`). `CYCLES_WHAT`: `fenced`, `unfenced`, or `raw` (two raw
-//! round trips with the `redis` crate: the floor in the same placement).
+//! round trips with the `redis` crate: the floor in the same placement), or
+//! `rslock` (rslock's lock + unlock), or `attribute` (an empty `#[distributed_lock]` fn on the global client,
+//! fenced).
 
 use std::time::Duration;
 
-use lock_runtime::LockClient;
+use lock_runtime::{distributed_lock, LockClient, LockError};
 use tests::RedisServer;
 
-async fn cycles(client: LockClient, conn: redis::aio::MultiplexedConnection, what: String, n: u64) {
+/// The `attribute` cycle: an empty body under the lock.
+#[distributed_lock(key = "cycles:attr:{i}", lease = "30s")]
+async fn empty_body(i: u64) -> Result<(), LockError> {
+    let _ = i;
+    Ok(())
+}
+
+async fn cycles(
+    client: LockClient,
+    conn: redis::aio::MultiplexedConnection,
+    rslock: &rslock::LockManager,
+    what: String,
+    n: u64,
+) {
     let mut conn = conn;
     for i in 0..n {
         let key = format!("cycles:{i}");
         match what.as_str() {
+            "rslock" => {
+                let lock = rslock
+                    .lock(key.as_str(), Duration::from_secs(30))
+                    .await
+                    .expect("rslock lock");
+                rslock.unlock(&lock).await;
+            }
             "raw" => {
                 let _: Option<String> = redis::cmd("SET")
                     .arg(&key)
@@ -41,6 +63,7 @@ async fn cycles(client: LockClient, conn: redis::aio::MultiplexedConnection, wha
                     .await
                     .expect("DEL");
             }
+            "attribute" => empty_body(i).await.expect("attributed call"),
             w => {
                 let guard = client
                     .lock(key)
@@ -77,14 +100,18 @@ fn main() {
         let (url, what) = (url.clone(), what.clone());
         let fut = async move {
             let client = LockClient::connect(&url).await.expect("connect");
+            if what == "attribute" {
+                lock_runtime::init(client.clone()).expect("the global client");
+            }
             let conn = redis::Client::open(url.as_str())
                 .expect("url")
                 .get_multiplexed_async_connection()
                 .await
                 .expect("raw connection");
+            let rslock = rslock::LockManager::new(vec![url.clone()]);
             // Warm: connections of this runtime, scripts, pools.
-            cycles(client.clone(), conn.clone(), what.clone(), 50).await;
-            cycles(client.clone(), conn, what, n).await;
+            cycles(client.clone(), conn.clone(), &rslock, what.clone(), 50).await;
+            cycles(client.clone(), conn, &rslock, what, n).await;
             client.close(Duration::from_secs(1)).await;
         };
         if place == "task" {

@@ -132,6 +132,13 @@ fn a_trivial_annotated_future_is_small_in_every_mode() {
             "an annotated fn ({mode}) with a trivial body: {size} bytes; all: {sizes:?}"
         );
     }
+    // Skipping a busy lock is a setting, not a second copy of the request
+    // (a `mut self` in an `async fn` keeps its argument twice).
+    let (key, skip) = (sizes[0].1, sizes[5].1);
+    assert!(
+        skip <= key + 256,
+        "on_busy = skip: {skip} bytes, against {key} for a plain key"
+    );
 }
 
 /// The annotated fn's future is its body's plus at most 4 KiB, where the

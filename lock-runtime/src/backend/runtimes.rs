@@ -30,6 +30,8 @@ use redis::AsyncConnectionConfig;
 use tokio::runtime::{Handle, Id};
 use tokio::sync::{oneshot, OnceCell};
 
+use crate::own_keys::OwnKeys;
+
 /// How long a runtime that went away is remembered: the undo of an attempt
 /// it sent looks for its connections there.
 const REMEMBERED: Duration = Duration::from_secs(60);
@@ -44,7 +46,7 @@ pub(crate) struct Runtimes {
     /// How long opening a connection may take, `CLIENT INFO` included: a
     /// stalled open must not hold every command of its runtime.
     open_within: Duration,
-    by_id: Mutex<HashMap<Id, Arc<Local>>>,
+    by_id: Mutex<HashMap<Id, Arc<Local>, OwnKeys>>,
 }
 
 /// One runtime's connection to the server.
@@ -130,7 +132,7 @@ impl Runtimes {
             client,
             config,
             open_within,
-            by_id: Mutex::new(HashMap::new()),
+            by_id: Mutex::default(),
         }
     }
 
