@@ -712,3 +712,62 @@ async fn an_acknowledged_acquire_and_its_wait_are_one_round_trip() {
     // traffic; three per acquire when the WAIT went apart.
     assert!(read < n * 5 / 2, "{read} reads for {n} acquires");
 }
+
+/// A call that saw its lock busy sends its last attempt at its deadline,
+/// with one operation's time (here 1 s + the 2 s `WAIT`). The primary
+/// stops answering just before, and a planned failover promotes the
+/// replica while that attempt waits: the attempt ends when its time is
+/// up, and the call with it. (It used to try the new primary within the
+/// same attempt once the first send timed out: there the lock was busy
+/// too, and queuing waited out the `WAIT`, since the new primary has no
+/// replica; the call ended two seconds past that bound.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_last_attempt_during_a_failover_ends_within_one_operation() {
+    tests::init_tracing();
+    let (primary, replica, sentinels) = deployment();
+    let (op, ack_wait) = (Duration::from_secs(1), Duration::from_secs(2));
+    let client = LockClient::builder()
+        .op_timeout(op)
+        .connect_timeout(Duration::from_millis(500))
+        .replica_acks(1, ack_wait)
+        .sentinel(sentinels.urls(), MASTER)
+        .await
+        .unwrap();
+    let key = unique("last");
+    let held = client
+        .lock(&key)
+        .lease(Duration::from_secs(60))
+        .await
+        .unwrap();
+    let wait = Duration::from_secs(2);
+    let asked = Instant::now();
+    let (c, k) = (client.clone(), key.clone());
+    let call = tokio::spawn(async move { c.lock(&k).wait(wait).await.map(|_| ()) });
+    tokio::time::sleep(wait - Duration::from_millis(400)).await;
+    let old = primary.port();
+    primary.pause();
+    let forced = sentinels.sentinels[0].try_cmd::<String>(&["SENTINEL", "FAILOVER", MASTER]);
+    assert!(forced.is_ok(), "{forced:?}");
+    // (Blocking: the call runs in a task of its own.)
+    let new = tokio::task::block_in_place(|| sentinels.wait_failover(old, Duration::from_secs(15)));
+    let promoted = asked.elapsed();
+    let out = call.await.unwrap();
+    let past = asked.elapsed().saturating_sub(wait);
+    assert_eq!(new, replica.port());
+    primary.resume();
+    drop(held);
+    println!(
+        "last attempt during a failover (the sentinels switched {promoted:?} after the call \
+         began): {out:?}, {past:?} past its deadline"
+    );
+    assert!(
+        matches!(out, Err(LockError::Timeout { .. })),
+        "the lock was held throughout: {out:?}"
+    );
+    let bound = op + ack_wait + Duration::from_millis(500);
+    assert!(
+        past <= bound,
+        "ended {past:?} past its deadline; one attempt has {:?}",
+        op + ack_wait
+    );
+}

@@ -394,7 +394,40 @@ impl Shared {
         queue: Queue,
     ) -> Result<Acquired, Fault> {
         self.asked_for(lease.max(queue.stay.unwrap_or_default()));
-        self.on_primary_by(queue.by, |p| async move {
+        if queue.by.is_none() {
+            // A request that saw its lock busy sends each attempt with one
+            // operation's time (its last one at its deadline): a second
+            // try on a new primary after the first timed out would run up
+            // to two operations more past that deadline. So the attempt
+            // ends within one operation of its start, the `WAIT`
+            // included; while the wait lasts, the next attempt goes to the
+            // primary the sentinels name by then.
+            let budget = self.settings.op_timeout + self.acks.map_or(Duration::ZERO, |(_, w)| w);
+            let until = Instant::now() + budget;
+            let attempt = self.acquire_on_primary(Some(until), name, owner, lease, queue);
+            return match tokio::time::timeout_at(until, attempt).await {
+                Ok(out) => out,
+                Err(_) => Err(self.failing_over(Fault::timed_out(
+                    format!("taking lock `{}` behind Sentinel", name.key),
+                    budget,
+                ))),
+            };
+        }
+        self.acquire_on_primary(queue.by, name, owner, lease, queue)
+            .await
+    }
+
+    /// [`acquire`](Self::acquire) on the primary, once more on a new one
+    /// if it moved before `by`.
+    async fn acquire_on_primary(
+        &self,
+        by: Option<Instant>,
+        name: &LockName,
+        owner: &Arc<str>,
+        lease: Duration,
+        queue: Queue,
+    ) -> Result<Acquired, Fault> {
+        self.on_primary_by(by, |p| async move {
             let Some((replicas, _)) = self.acks else {
                 return p.node.acquire(name, owner, lease, None, queue).await;
             };
