@@ -229,11 +229,12 @@ fn main() {
     println!("## Targets\n\n{}", report.targets_table());
     let mut doc = report.render(&machine, &run);
     // Sections written elsewhere stay: the fenced cost analysis (measured
-    // with `scripts/profile-scripts.sh`) and the PostgreSQL engine's
+    // with `scripts/profile-scripts.sh`), the client's instructions per
+    // cycle (`scripts/client-cost.sh`) and the PostgreSQL engine's
     // (`benches/postgres.rs`).
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/BENCHMARKS.md");
     let old = std::fs::read_to_string(path).unwrap_or_default();
-    for name in ["fenced-cost", "postgres-bench"] {
+    for name in ["fenced-cost", "client-cost", "postgres-bench"] {
         let (begin, end) = (
             format!("<!-- {name}:begin -->"),
             format!("<!-- {name}:end -->"),
