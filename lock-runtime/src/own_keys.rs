@@ -3,8 +3,8 @@
 //! Nobody outside picks them (an owner id is the client's random id and a
 //! counter), so maps keyed by them need no defence against chosen
 //! collisions, and std's SipHash, paid on every lock, release and send,
-//! buys nothing there. Maps keyed by lock names, which callers choose,
-//! keep SipHash.
+//! buys nothing there. It has no seed: never use it for anything from
+//! outside. Maps keyed by lock names, which callers choose, keep SipHash.
 
 use std::hash::{BuildHasherDefault, Hasher};
 
@@ -69,7 +69,8 @@ mod tests {
     #[test]
     fn owner_ids_that_differ_in_their_counter_spread() {
         let ids: Vec<String> = (0..4096)
-            .map(|n| format!("7f9c2ba4-e88f-4d3c-9a1b-2c3d4e5f6a7b:{n}"))
+            // (A client id is a UUID's 32 hex digits.)
+            .map(|n| format!("7f9c2ba4e88f4d3c9a1b2c3d4e5f6a7b:{n}"))
             .collect();
         let hashes: Vec<u64> = ids.iter().map(|s| OwnKeys::default().hash_one(s)).collect();
         let low: HashSet<u64> = hashes.iter().map(|h| h & 4095).collect();

@@ -300,4 +300,79 @@ mod permit_scope_tests {
             .unwrap();
         again.release().await.unwrap();
     }
+
+    /// Two futures joined in a permit's body wait for a key held elsewhere.
+    /// The one handed the lock passes it up to the scope around the
+    /// permit's body, and its sibling is woken there at once and re-enters
+    /// it, instead of waiting for its next try (a retry delay of 5 s here).
+    #[tokio::test(start_paused = true)]
+    async fn a_sibling_in_a_permit_body_re_enters_a_lock_as_soon_as_it_is_taken() {
+        let client = LockClient::builder()
+            .retry_delay(Duration::from_secs(5))
+            .memory()
+            .unwrap();
+        let outside = client.lock("order:1").await.unwrap();
+        let started = tokio::time::Instant::now();
+        let body = client.semaphore("provider", 1).run(async {
+            let call = || async {
+                let g = client
+                    .lock("order:1")
+                    .wait(Duration::from_secs(60))
+                    .await
+                    .unwrap();
+                let took = (started.elapsed(), g.fence());
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                drop(g);
+                took
+            };
+            futures_util::future::join(call(), call()).await
+        });
+        let release = async {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            outside.release().await.unwrap();
+        };
+        let (took, ()) = tokio::join!(body, release);
+        let (a, b) = took.unwrap();
+        let (first, second) = (a.0.min(b.0), a.0.max(b.0));
+        assert!(first >= Duration::from_millis(500), "{first:?}");
+        assert!(
+            second - first < Duration::from_millis(100),
+            "the second joined call took the lock {:?} after the first",
+            second - first
+        );
+        assert_eq!(a.1, b.1, "one hold, one token");
+    }
+
+    /// A body that takes many locks (its scope's holds move from a short
+    /// list to a map past a few): each is re-entered with its own token,
+    /// and each is free again once its guards are gone.
+    #[tokio::test]
+    async fn a_scope_holding_many_locks_re_enters_and_frees_each() {
+        let client = LockClient::memory();
+        let keys: Vec<String> = (0..20).map(|i| format!("batch:{i}")).collect();
+        client
+            .lock("job")
+            .run(async {
+                let mut held = Vec::new();
+                for k in &keys {
+                    held.push(client.lock(k).await.unwrap());
+                }
+                for (k, g) in keys.iter().zip(&held) {
+                    let again = client.lock(k).wait(Duration::ZERO).await.unwrap();
+                    assert!(again.is_reentry(), "{k}");
+                    assert_eq!(again.fence(), g.fence(), "{k}");
+                    again.release().await.unwrap();
+                }
+                for g in held {
+                    g.release().await.unwrap();
+                }
+            })
+            .await
+            .unwrap();
+        for k in &keys {
+            let g = client.lock(k).wait(Duration::ZERO).await.unwrap();
+            assert!(!g.is_reentry());
+            g.release().await.unwrap();
+        }
+    }
 }

@@ -16,6 +16,7 @@
 //! annotated body only while that body is polled (not while its lock is
 //! taken or released): bodies joined in one task each see their own.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -106,9 +107,8 @@ pub(crate) struct Scope {
     /// The scope a permit's body scope is nested in: locks join and
     /// re-enter there, so scope-mates keep sharing them.
     parent: Option<Arc<Scope>>,
-    /// Each lock the scope holds, with how many of its guards are open: a
-    /// few (one per nesting level and key), searched in place.
-    held: Mutex<Vec<(HoldKey, Arc<Hold>, usize)>>,
+    /// Each lock the scope holds, with how many of its guards are open.
+    held: Mutex<Holds>,
     /// A lock joined the scope: a scope-mate that waits for the same key
     /// (futures joined in one body) re-enters it instead.
     joined: Notify,
@@ -156,7 +156,7 @@ impl Scope {
 
     fn reenter_here(&self, client: &Arc<str>, hash: &Arc<str>, mode: Mode) -> Reentry {
         let mut held = self.held.lock().unwrap();
-        match find(&mut held, client, hash) {
+        match held.find(client, hash) {
             Some((hold, _)) if !serves(Mode::of(&hold.owner), mode) => {
                 if Mode::of(&hold.owner) == Mode::Read && mode == Mode::Write {
                     Reentry::Upgrade
@@ -182,10 +182,10 @@ impl Scope {
             return parent.insert(client, hold);
         }
         let mut held = self.held.lock().unwrap();
-        match find(&mut held, client, &hold.name.hash) {
+        match held.find(client, &hold.name.hash) {
             Some((h, _)) if !h.is_lost() => {}
             Some((h, guards)) => (*h, *guards) = (hold.clone(), 1),
-            None => held.push(((client.clone(), hold.name.hash.clone()), hold.clone(), 1)),
+            None => held.add(client, hold),
         }
         drop(held);
         self.joined.notify_waiters();
@@ -198,19 +198,7 @@ impl Scope {
         if let Some(parent) = self.lock_scope(hold) {
             return parent.leave(client, hold);
         }
-        let mut held = self.held.lock().unwrap();
-        let Some(at) = held.iter().position(|((c, n), h, _)| {
-            Arc::ptr_eq(h, hold) && is(c, client) && is(n, &hold.name.hash)
-        }) else {
-            return true;
-        };
-        held[at].2 -= 1;
-        if held[at].2 == 0 {
-            held.swap_remove(at);
-            true
-        } else {
-            false
-        }
+        self.held.lock().unwrap().leave(client, hold)
     }
 
     /// Where a lock held in this scope joins: a permit's body scope passes
@@ -232,29 +220,93 @@ impl Scope {
             parent,
             ..Scope::default()
         };
-        scope.held.lock().unwrap().push((
-            (client.clone(), hold.name.hash.clone()),
-            hold.clone(),
-            1,
-        ));
+        scope.held.lock().unwrap().add(client, hold);
         Arc::new(scope)
     }
 
-    /// Resolves when a lock joins the scope.
+    /// Resolves when a lock joins the scope, or the scope around it that
+    /// a permit's body scope passes its locks up to (see
+    /// [`insert`](Self::insert)).
     pub(crate) fn joined(&self) -> tokio::sync::futures::Notified<'_> {
-        self.joined.notified()
+        let mut at = self;
+        while let Some(parent) = &at.parent {
+            at = parent;
+        }
+        at.joined.notified()
     }
 }
 
-/// The held entry of `client`'s lock `hash`, if the scope holds it.
-fn find<'a>(
-    held: &'a mut [(HoldKey, Arc<Hold>, usize)],
-    client: &Arc<str>,
-    hash: &Arc<str>,
-) -> Option<(&'a mut Arc<Hold>, &'a mut usize)> {
-    held.iter_mut()
-        .find(|((c, n), _, _)| is(n, hash) && is(c, client))
-        .map(|(_, h, guards)| (h, guards))
+/// The locks a scope holds, each with its count of open guards: a short
+/// list searched in place (a scope mostly holds a key or two, and hashing
+/// them cost more than the search), a map once it holds many.
+enum Holds {
+    Few(Vec<(HoldKey, Arc<Hold>, usize)>),
+    Many(HashMap<HoldKey, (Arc<Hold>, usize)>),
+}
+
+/// Past this many locks, a scope's holds go into a map.
+const FEW: usize = 8;
+
+impl Default for Holds {
+    fn default() -> Self {
+        Holds::Few(Vec::new())
+    }
+}
+
+impl Holds {
+    /// The hold of `client`'s lock `hash` and its guards, if held here.
+    fn find(&mut self, client: &Arc<str>, hash: &Arc<str>) -> Option<(&mut Arc<Hold>, &mut usize)> {
+        match self {
+            Holds::Few(few) => few
+                .iter_mut()
+                .find(|((c, n), _, _)| is(n, hash) && is(c, client))
+                .map(|(_, h, guards)| (h, guards)),
+            Holds::Many(many) => many
+                .get_mut(&(client.clone(), hash.clone()))
+                .map(|(h, guards)| (h, guards)),
+        }
+    }
+
+    /// A hold not held here yet, with one guard.
+    fn add(&mut self, client: &Arc<str>, hold: &Arc<Hold>) {
+        let key = (client.clone(), hold.name.hash.clone());
+        match self {
+            Holds::Few(few) if few.len() < FEW => few.push((key, hold.clone(), 1)),
+            Holds::Few(few) => {
+                let mut many: HashMap<_, _> = few
+                    .drain(..)
+                    .map(|(k, h, guards)| (k, (h, guards)))
+                    .collect();
+                many.insert(key, (hold.clone(), 1));
+                *self = Holds::Many(many);
+            }
+            Holds::Many(many) => {
+                many.insert(key, (hold.clone(), 1));
+            }
+        }
+    }
+
+    /// One guard of `hold` ends: true if it was the last (or `hold` is not
+    /// the one held here under its key), and it is gone.
+    fn leave(&mut self, client: &Arc<str>, hold: &Arc<Hold>) -> bool {
+        let Some((h, guards)) = self.find(client, &hold.name.hash) else {
+            return true;
+        };
+        if !Arc::ptr_eq(h, hold) {
+            return true;
+        }
+        *guards -= 1;
+        if *guards > 0 {
+            return false;
+        }
+        match self {
+            Holds::Few(few) => few.retain(|(_, h, _)| !Arc::ptr_eq(h, hold)),
+            Holds::Many(many) => {
+                many.remove(&(client.clone(), hold.name.hash.clone()));
+            }
+        }
+        true
+    }
 }
 
 /// The same name: often the very same string.

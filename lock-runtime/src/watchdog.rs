@@ -23,9 +23,9 @@ use crate::io::Io;
 use crate::own_keys::OwnKeys;
 use crate::protocol::{Renewing, Tick, Verdict};
 
-/// Identifies one lock held by one owner.
-/// An entry's key: the lock's hash and its owner, hashed by the owner
-/// alone (unique to the hold, and made by the client: see `own_keys.rs`).
+/// Identifies one lock held by one owner: the lock's hash and the owner,
+/// hashed by the owner alone (unique to the hold, and made by the client:
+/// see `own_keys.rs`).
 #[derive(Clone, PartialEq, Eq)]
 struct EntryKey(Arc<str>, Arc<str>);
 
