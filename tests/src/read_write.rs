@@ -142,12 +142,14 @@ pub async fn a_waiting_writer_is_not_starved(clients: &[LockClient]) -> Duration
 }
 
 /// A writer's release hands the lock to every reader queued behind it at
-/// once (they hold it together), and the last reader's release hands it
-/// to a writer queued behind them.
+/// once (they hold it together, with one token: the writer's on Redis, a
+/// new one above it on PostgreSQL), and the last reader's release hands it
+/// to a writer queued behind them, whose token is above theirs.
 pub async fn a_release_wakes_the_readers_together_then_the_writer(clients: &[LockClient]) {
     let key = crate::unique("rw-wake");
     let n = clients.len();
     let w = clients[0].write_lock(&key).await.expect("writer");
+    let first = w.fence();
     let all_in = Arc::new(tokio::sync::Barrier::new(4));
     let mut readers = Vec::new();
     for i in 0..3 {
@@ -183,6 +185,11 @@ pub async fn a_release_wakes_the_readers_together_then_the_writer(clients: &[Loc
         guards.push(r.await.unwrap().expect("reader"));
     }
     assert!(!writer.is_finished(), "the writer got in beside readers");
+    let tokens: Vec<u64> = guards.iter().map(LockGuard::fence).collect();
+    assert!(
+        tokens.iter().all(|&t| t == tokens[0] && t >= first),
+        "readers handed the lock together: tokens {tokens:?}, the writer's {first}"
+    );
     for g in guards {
         g.release().await.expect("reader leaves");
     }
@@ -191,6 +198,12 @@ pub async fn a_release_wakes_the_readers_together_then_the_writer(clients: &[Loc
         .expect("the last reader's release did not hand the lock to the writer")
         .unwrap()
         .expect("second writer");
+    assert!(
+        w2.fence() > tokens[0],
+        "the writer after the readers: token {} after theirs {}",
+        w2.fence(),
+        tokens[0]
+    );
     w2.release().await.expect("second writer leaves");
 }
 
