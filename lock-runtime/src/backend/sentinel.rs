@@ -438,7 +438,11 @@ impl Shared {
             let node = p.acks_node.as_ref().unwrap_or(&p.node);
             match node.acquire(name, owner, lease, None, queue).await {
                 Err(Fault::Unavailable(got)) => {
-                    let _ = p.node.release(name, owner, Wake::IfReleased).await;
+                    // Behind the acquire on its connection, and ahead of
+                    // the request's next attempt (same owner) there: sent
+                    // on another, a release cut short by the attempt's
+                    // time could run after that attempt took the lock.
+                    let _ = node.release(name, owner, Wake::IfReleased).await;
                     self.ended(&p, name, owner, Ended::Released).await;
                     Err(Fault::unavailable(format!(
                         "lock `{}` was taken on primary {} but {got} of the {replicas} replicas required; it was released (replicas lagging or down?)",
