@@ -707,6 +707,20 @@ impl PostgresServer {
         ) as usize
     }
 
+    /// `pg_terminate_backend` of every client connection to database `db`
+    /// (on a shared server: the other tests' sessions live on); how many.
+    pub fn terminate_backends_in(&self, db: &str) -> usize {
+        self.number_in(
+            "postgres",
+            &format!(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                 WHERE backend_type = 'client backend' AND pid <> pg_backend_pid() \
+                 AND datname = {}",
+                quote_literal(db)
+            ),
+        ) as usize
+    }
+
     /// Client connections to database `db`, less the one asking.
     pub fn connections_to(&self, db: &str) -> usize {
         self.number_in(

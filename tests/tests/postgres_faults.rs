@@ -227,7 +227,7 @@ fn terminated_connections_lose_no_lock_and_fail_no_call() {
     let mut rounds = 0;
     while started.elapsed() < Duration::from_secs(8) {
         std::thread::sleep(Duration::from_millis(fastrand::u64(150..400)));
-        terminated += pg.terminate_backends();
+        terminated += pg.terminate_backends_in(&db);
         rounds += 1;
     }
     stop.store(true, Ordering::Relaxed);
