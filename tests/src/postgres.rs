@@ -700,23 +700,21 @@ impl PostgresServer {
     /// `pg_terminate_backend` of every client connection but the one
     /// asking (in every database); how many.
     pub fn terminate_backends(&self) -> usize {
-        self.number_in(
-            "postgres",
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
-             WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()",
-        ) as usize
+        self.terminate_backends_where("")
     }
 
     /// `pg_terminate_backend` of every client connection to database `db`
     /// (on a shared server: the other tests' sessions live on); how many.
     pub fn terminate_backends_in(&self, db: &str) -> usize {
+        self.terminate_backends_where(&format!(" AND datname = {}", quote_literal(db)))
+    }
+
+    fn terminate_backends_where(&self, and: &str) -> usize {
         self.number_in(
             "postgres",
             &format!(
                 "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
-                 WHERE backend_type = 'client backend' AND pid <> pg_backend_pid() \
-                 AND datname = {}",
-                quote_literal(db)
+                 WHERE backend_type = 'client backend' AND pid <> pg_backend_pid(){and}"
             ),
         ) as usize
     }

@@ -407,10 +407,10 @@ impl Shared {
             let attempt = self.acquire_on_primary(Some(until), name, owner, lease, queue);
             return match tokio::time::timeout_at(until, attempt).await {
                 Ok(out) => out,
-                Err(_) => Err(self.failing_over(Fault::timed_out(
+                Err(_) => Err(Fault::timed_out(
                     format!("taking lock `{}` behind Sentinel", name.key),
                     budget,
-                ))),
+                )),
             };
         }
         self.acquire_on_primary(queue.by, name, owner, lease, queue)
