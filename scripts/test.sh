@@ -100,12 +100,14 @@ lane() {
       args+=("${f[@]}")
     fi
     echo "=== $server-server: $target $filters" >>"$logs/$n"
+    local started=$SECONDS
     if ! LOCK_TEST_PORTS="$lo-$((lo + span - 1))" LOCK_TEST_SERVER="$server-server" \
       cargo test --workspace --test "$target" "${args[@]}" >>"$logs/$n" 2>&1; then
       echo "FAILED: $target against $server-server" >>"$logs/$n"
       echo 999999 >"$logs/next" # the other lanes stop after their current job
       return 1
     fi
+    echo "== lane $n: $server $target ${filters:0:40}: $((SECONDS - started)) s (at $((SECONDS - lanes_started)) s)" >>"$logs/times"
   done
 }
 pids=()
@@ -119,5 +121,6 @@ for ((n = 0; n < lanes; n++)); do
   cat "$logs/$n"
 done
 grep -h '^FAILED' "$logs"/[0-9]* >&2 || true
+cat "$logs/times" >&2 2>/dev/null || true
 echo "== test.sh: $lanes lanes: $((SECONDS - lanes_started)) s" >&2
 exit "$failed"
