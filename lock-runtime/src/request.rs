@@ -599,6 +599,24 @@ impl LockRequest {
                         .map_err(|e| gave_up(e, &unsure.acq, &key))?;
                     continue;
                 }
+                Err(Fault::GivenBack { message, released }) => {
+                    // Taken and given back under this owner id, which the
+                    // backend remembers as released (a failover sends that
+                    // release again): go on under a new one, which that
+                    // release cannot touch.
+                    if !released {
+                        client.undo_in_background(name.clone(), owner.clone());
+                    }
+                    unsure.acq.late(true);
+                    (owner, waiter) = (new_owner(), None);
+                    claim = client.inner.claims.open(&owner);
+                    unsure.owner = owner.clone();
+                    let e = Fault::GivenBack { message, released };
+                    pause_or_give_up(&client, &unsure.acq, &timing, e)
+                        .await
+                        .map_err(|e| gave_up(e, &unsure.acq, &key))?;
+                    continue;
+                }
                 Err(e) if e.is_transient() => {
                     // A deployment that answers "not now" (a slot on the
                     // move, too few replicas, a failover under way) is

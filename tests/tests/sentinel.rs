@@ -775,3 +775,72 @@ async fn a_last_attempt_during_a_failover_ends_within_one_operation() {
         op + ack_wait
     );
 }
+
+/// With `replica_acks`, a grant short of its acknowledgements is given
+/// back, and the client keeps that release to send it again to a new
+/// primary after a failover (`sentinel/journal.rs`). The request's later
+/// grant is therefore under another owner id, and a planned failover
+/// leaves it held. (It went on under the same id: the replayed release
+/// deleted its live hold on the new primary.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_after_one_given_back_keeps_its_lock_through_a_failover() {
+    tests::init_tracing();
+    let (primary, replica, sentinels) = deployment();
+    let client = builder()
+        .replica_acks(1, Duration::from_millis(200))
+        .sentinel(sentinels.urls(), MASTER)
+        .await
+        .unwrap();
+    let key = unique("given-back");
+    replica.pause();
+    let (c, k) = (client.clone(), key.clone());
+    let call = tokio::spawn(async move {
+        c.lock(&k)
+            .lease(Duration::from_secs(60))
+            .wait(Duration::from_secs(30))
+            .await
+    });
+    // Two WAITs on the primary: the first attempt was given back.
+    let given_back = eventually(Duration::from_secs(10), || primary.calls("wait") >= 2).await;
+    assert!(given_back, "no attempt was given back");
+    replica.resume();
+    let guard = call
+        .await
+        .unwrap()
+        .expect("granted once the replica is back");
+    let owner = primary.owner_of(&hash(&key)).expect("held on the primary");
+    assert!(eventually(Duration::from_secs(10), || replica.exists(&hash(&key))).await);
+
+    let old = primary.port();
+    let asked = sentinels.sentinels[0].try_cmd::<String>(&["SENTINEL", "FAILOVER", MASTER]);
+    assert!(asked.is_ok(), "{asked:?}");
+    let new = tokio::task::block_in_place(|| sentinels.wait_failover(old, Duration::from_secs(15)));
+    assert_eq!(new, replica.port());
+    // The client follows (and replays what it ended on the old primary)
+    // once a lock of its lands on the new one.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let probe = unique("probe");
+        let g = client
+            .lock(&probe)
+            .wait(Duration::from_secs(5))
+            .await
+            .unwrap();
+        let landed = replica.exists(&hash(&probe));
+        let _ = g.release().await;
+        if landed {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the client never followed");
+    }
+    let gone = eventually(Duration::from_secs(2), || {
+        replica.owner_of(&hash(&key)).as_deref() != Some(owner.as_str())
+    })
+    .await;
+    assert!(
+        !gone,
+        "the hold of {owner} was deleted on the new primary: {:?}",
+        replica.try_get(&hash(&key))
+    );
+    guard.release().await.expect("released as held, not lost");
+}

@@ -27,6 +27,13 @@ pub(crate) enum Fault {
     /// still answer (a failover under way). Whatever it took was taken
     /// back; trying again may succeed while the call has wait left.
     Unavailable(String),
+    /// The lock was taken under the attempt's owner id, but too few
+    /// replicas acknowledged it (Sentinel with `replica_acks`), so it was
+    /// given back under that id (`released`: that release was answered).
+    /// The backend remembers the id as released and sends the release
+    /// again after a failover, so the id is spent: the request goes on
+    /// under a new one. Trying again may succeed.
+    GivenBack { message: String, released: bool },
     /// Settings the backend cannot use (a bad URL, too few nodes).
     Config(String),
     /// A database engine's error (PostgreSQL), already described: whether
@@ -69,7 +76,10 @@ impl Fault {
     pub(crate) fn is_transient(&self) -> bool {
         match self {
             Fault::Redis { source, .. } => transient(source),
-            Fault::Timeout { .. } | Fault::Other(_) | Fault::Unavailable(_) => true,
+            Fault::Timeout { .. }
+            | Fault::Other(_)
+            | Fault::Unavailable(_)
+            | Fault::GivenBack { .. } => true,
             Fault::Config(_) => false,
             Fault::Sql { transient, .. } => *transient,
         }
@@ -83,7 +93,7 @@ impl Fault {
     pub(crate) fn reached(&self) -> bool {
         match self {
             Fault::Redis { source, .. } => self.may_have_run() || source.code().is_some(),
-            Fault::Timeout { .. } | Fault::Unavailable(_) => true,
+            Fault::Timeout { .. } | Fault::Unavailable(_) | Fault::GivenBack { .. } => true,
             Fault::Other(_) | Fault::Config(_) => false,
             // A server's error reply (not a broken or refused connection).
             Fault::Sql {
@@ -112,6 +122,8 @@ impl Fault {
                     && !source.is_connection_refusal()
             }
             Fault::Timeout { .. } => true,
+            // (The acquire ran; what it took stays until its release lands.)
+            Fault::GivenBack { released, .. } => !released,
             Fault::Other(_) | Fault::Unavailable(_) | Fault::Config(_) => false,
             Fault::Sql { may_have_run, .. } => *may_have_run,
         }
@@ -128,7 +140,9 @@ impl fmt::Display for Fault {
                     "{context}: no answer within {after:?} (is Redis reachable?)"
                 )
             }
-            Fault::Other(m) | Fault::Unavailable(m) => f.write_str(m),
+            Fault::Other(m) | Fault::Unavailable(m) | Fault::GivenBack { message: m, .. } => {
+                f.write_str(m)
+            }
             Fault::Config(m) => write!(f, "invalid lock client configuration: {m}"),
             Fault::Sql {
                 context, message, ..
@@ -146,7 +160,9 @@ impl From<Fault> for LockError {
             Fault::Timeout { context, after } => {
                 LockError::Backend(BackendError::Timeout { context, after })
             }
-            Fault::Other(m) | Fault::Unavailable(m) => LockError::Backend(BackendError::Other(m)),
+            Fault::Other(m) | Fault::Unavailable(m) | Fault::GivenBack { message: m, .. } => {
+                LockError::Backend(BackendError::Other(m))
+            }
             Fault::Config(m) => LockError::Config(m),
             Fault::Sql {
                 context, message, ..

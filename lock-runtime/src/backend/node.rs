@@ -84,7 +84,11 @@ fn resend(e: &Fault) -> bool {
                 || matches!(e.code(), Some("TRYAGAIN" | "CLUSTERDOWN" | "LOADING"))
         }
         Fault::Timeout { .. } => true,
-        Fault::Other(_) | Fault::Unavailable(_) | Fault::Config(_) | Fault::Sql { .. } => false,
+        Fault::Other(_)
+        | Fault::Unavailable(_)
+        | Fault::GivenBack { .. }
+        | Fault::Config(_)
+        | Fault::Sql { .. } => false,
     }
 }
 

@@ -252,7 +252,8 @@ fn may_have_moved(e: &Fault) -> bool {
                 || matches!(source.code(), Some("READONLY" | "MASTERDOWN" | "LOADING"))
         }
         Fault::Timeout { .. } | Fault::Other(_) | Fault::Unavailable(_) => true,
-        Fault::Config(_) | Fault::Sql { .. } => false,
+        // (The primary answered; its owner id must not be sent again.)
+        Fault::GivenBack { .. } | Fault::Config(_) | Fault::Sql { .. } => false,
     }
 }
 
@@ -438,16 +439,19 @@ impl Shared {
             let node = p.acks_node.as_ref().unwrap_or(&p.node);
             match node.acquire(name, owner, lease, None, queue).await {
                 Err(Fault::Unavailable(got)) => {
-                    // Behind the acquire on its connection, and ahead of
-                    // the request's next attempt (same owner) there: sent
-                    // on another, a release cut short by the attempt's
-                    // time could run after that attempt took the lock.
-                    let _ = node.release(name, owner, Wake::IfReleased).await;
+                    // Behind the acquire on its connection: sent on
+                    // another, it could overtake it. Journalled, so a
+                    // failover sends it again: this owner id is spent,
+                    // and the request goes on under a new one.
+                    let released = node.release(name, owner, Wake::IfReleased).await.is_ok();
                     self.ended(&p, name, owner, Ended::Released).await;
-                    Err(Fault::unavailable(format!(
-                        "lock `{}` was taken on primary {} but {got} of the {replicas} replicas required; it was released (replicas lagging or down?)",
-                        name.key, p.addr
-                    )))
+                    Err(Fault::GivenBack {
+                        message: format!(
+                            "lock `{}` was taken on primary {} but {got} of the {replicas} replicas required; it was released (replicas lagging or down?)",
+                            name.key, p.addr
+                        ),
+                        released,
+                    })
                 }
                 other => other,
             }

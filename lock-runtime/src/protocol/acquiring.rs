@@ -181,9 +181,10 @@ impl<I: Moment> Acquiring<I> {
         }
     }
 
-    /// A grant came too late to use (see [`too_late`](Self::too_late)): it
-    /// is being taken back under this owner id, so the request goes on
-    /// under a new one that this undo cannot touch, and pauses first.
+    /// A grant came too late to use (see [`too_late`](Self::too_late)), or
+    /// the backend gave it back (too few replicas acknowledged it): it is
+    /// taken back under this owner id, so the request goes on under a new
+    /// one that this release cannot touch, and pauses first.
     /// `answered`: it was an attempt's answer (the server was reached), not
     /// a grant message.
     pub fn late(&mut self, answered: bool) {
