@@ -38,7 +38,7 @@ timed cargo test --workspace --no-run "$@"
 timed cargo test --workspace --lib --bins "$@"
 timed cargo test --workspace --doc "$@"
 timed cargo test --workspace --test ui "$@"
-timed cargo test --workspace --test bounded --test races --test failover "$@"
+timed cargo test --workspace --test bounded --test races --test failover --test permits "$@"
 lanes_started=$SECONDS
 
 # Side by side: every other integration test binary, then the Valkey runs.
@@ -54,13 +54,19 @@ skip_named=()
 for t in "${fault_a[@]}" "${fault_b[@]}"; do skip_named+=(--skip "$t"); done
 longest=(operations redlock read_write cluster hand_off kill_storm postgres_faults postgres_deployments)
 valkey=(redis_semantics round_trips read_write operations semaphores host_vs_redis)
+# (`--test NAME` runs every package's binary of that name: names must be
+# unique, or a job runs twice and a CPU-bound model would run in a lane.)
 targets=$(cargo metadata --no-deps --format-version 1 | python3 -c '
-import json, sys
-skip = {"ui", "bounded", "races", "failover"}
-for p in json.load(sys.stdin)["packages"]:
-    for t in p["targets"]:
-        if "test" in t["kind"] and t["name"] not in skip:
-            print(t["name"])
+import collections, json, sys
+skip = {"ui", "bounded", "races", "failover", "permits"}
+names = [t["name"] for p in json.load(sys.stdin)["packages"]
+         for t in p["targets"] if "test" in t["kind"]]
+twice = [n for n, c in collections.Counter(names).items() if c > 1]
+if twice:
+    sys.exit(f"test targets of one name in two packages: {twice}")
+for n in names:
+    if n not in skip:
+        print(n)
 ')
 jobs=(
   "redis fault_suite --exact ${fault_a[*]}"

@@ -816,6 +816,8 @@ async fn a_grant_after_one_given_back_keeps_its_lock_through_a_failover() {
     assert!(asked.is_ok(), "{asked:?}");
     let new = tokio::task::block_in_place(|| sentinels.wait_failover(old, Duration::from_secs(15)));
     assert_eq!(new, replica.port());
+    // (Acknowledged grants need the old primary to replicate again.)
+    tokio::task::block_in_place(|| wait_replicas_online(&replica, 1, Duration::from_secs(30)));
     // The client follows (and replays what it ended on the old primary)
     // once a lock of its lands on the new one.
     let deadline = Instant::now() + Duration::from_secs(20);
