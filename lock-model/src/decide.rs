@@ -117,6 +117,10 @@ pub enum Answer {
     /// A connection cut or no answer within `op_timeout`; `ran`: the
     /// command may have run (`Fault::may_have_run`).
     Transient { ran: bool },
+    /// Taken, then given back under this owner id for want of replica
+    /// acknowledgements (`Fault::GivenBack`); `released`: that release was
+    /// answered.
+    GivenBack { released: bool },
     /// A script error.
     Refused,
 }
@@ -139,10 +143,14 @@ pub enum Next {
     /// from `from`; `settle`: a grant message of the same hand-off may
     /// still come (`Claim::settle`).
     Hold { fence: u64, from: u64, settle: bool },
-    /// The grant came too late: undo the old owner in the background, go
-    /// on under a new owner (with a new claim), and pause until `pause`,
-    /// or give up as `Failed` if there is no time for that.
-    Late { pause: Result<u64, Failed> },
+    /// The grant came too late, or was given back: the old owner id is
+    /// spent (undone in the background if `undo`); go on under a new
+    /// owner (with a new claim), and pause until `pause`, or give up as
+    /// `Failed` if there is no time for that.
+    Late {
+        pause: Result<u64, Failed>,
+        undo: bool,
+    },
     /// Sleep until `until`, then attempt again.
     Pause { until: u64 },
     /// End the request; the world undoes the owner if `pending`
@@ -188,6 +196,7 @@ pub fn on_answer(a: &mut Acquiring, now: u64, answer: Answer, lease: u64, t: &Ti
                 a.late(true);
                 return Next::Late {
                     pause: pause_or_give_up(a, now, t),
+                    undo: true,
                 };
             }
             let settle = a.held(true);
@@ -206,6 +215,14 @@ pub fn on_answer(a: &mut Acquiring, now: u64, answer: Answer, lease: u64, t: &Ti
             match pause_or_give_up(a, now, t) {
                 Ok(until) => Next::Pause { until },
                 Err(f) => Next::GiveUp(f),
+            }
+        }
+        Answer::GivenBack { released } => {
+            // The owner id is spent (a failover replays its release).
+            a.late(true);
+            Next::Late {
+                pause: pause_or_give_up(a, now, t),
+                undo: !released,
             }
         }
         Answer::Refused => {
@@ -234,6 +251,7 @@ pub fn on_grant(
         a.late(false);
         return Some(Next::Late {
             pause: pause_or_give_up(a, now, t),
+            undo: true,
         });
     }
     a.held(false);

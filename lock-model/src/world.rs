@@ -28,8 +28,9 @@
 //!   (the acks connection on Sentinel with `replica_acks`), behind it;
 //!   releases, renewals and keeps take the main connection;
 //! - a lost `WAIT` reply fails the attempt: the Sentinel backend releases
-//!   the lock on the main connection and the request tries again
-//!   (`sentinel.rs::acquire`);
+//!   the lock behind the acquire on its connection and gives it back, and
+//!   the request tries again under a new owner id (`sentinel.rs::acquire`,
+//!   `Fault::GivenBack`);
 //! - a request's claim (`claims.rs`) lives from its start to its end: its
 //!   mailbox is in [`Req`];
 //! - a renewal is bounded by its round's limit (`watchdog.rs::tick`: the
@@ -483,12 +484,15 @@ impl World {
                 }
                 self.hold(s, c, r, fence, from)
             }
-            Next::Late { pause } => {
-                // Undone in the background under the old owner id; the
-                // request goes on under a new one, with a new claim.
+            Next::Late { pause, undo } => {
+                // Undone in the background under the old owner id (unless
+                // given back already); the request goes on under a new
+                // one, with a new claim.
                 let key = self.plan(c, r).key;
                 let old = s.clients[c as usize].reqs[r as usize].owner;
-                self.undo_in_background(s, c, key, old);
+                if undo {
+                    self.undo_in_background(s, c, key, old);
+                }
                 self.leave_slot(s, c, r);
                 let p = self.plan(c, r).clone();
                 let owner = Self::new_owner(s, c, &p);
@@ -743,8 +747,8 @@ impl World {
                             self.answered(s, c, r, a);
                         } else {
                             // No word from the replicas (or too few): the
-                            // attempt releases the lock on the main
-                            // connection, then fails.
+                            // attempt releases the lock behind the acquire
+                            // on its connection, then gives it back.
                             let key = self.plan(c, r).key;
                             let owner = s.clients[c as usize].reqs[r as usize].owner;
                             let cmd = Cmd::Release {
@@ -752,12 +756,13 @@ impl World {
                                 owner,
                                 fence: 0,
                             };
-                            let op = self.send(s, c, MAIN, cmd, Task::Req(r), None);
+                            let op = self.send(s, c, ACKS, cmd, Task::Req(r), None);
                             s.clients[c as usize].reqs[r as usize].phase = Phase::Unacking(op);
                         }
                     }
                     Phase::Unacking(o) if o == op => {
-                        self.answered(s, c, r, Answer::Transient { ran: false });
+                        let released = reply.is_some();
+                        self.answered(s, c, r, Answer::GivenBack { released });
                     }
                     Phase::Checking(o) if o == op => {
                         if reply == Some(ReplyKey::Flag(true)) {
