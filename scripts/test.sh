@@ -17,7 +17,8 @@
 # binaries mostly wait on timers, servers and processes (a few seconds of
 # CPU in a minute): they run side by side in lanes, one binary at a time
 # per lane, each lane with ports of its own (`LOCK_TEST_PORTS`), and with
-# nothing CPU-bound beside them. `LOCK_TEST_LANES=1` runs them one by one.
+# nothing CPU-bound beside them: four lanes by default (`LOCK_TEST_LANES=1`
+# runs them one by one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -52,7 +53,7 @@ fault_b=(outside_nemesis_read_write_locks outside_nemesis_write_locks reply_faul
   cluster_slot_migrations_under_load cluster_resharding_with_holds sentinel_planned_failovers_under_load)
 skip_named=()
 for t in "${fault_a[@]}" "${fault_b[@]}"; do skip_named+=(--skip "$t"); done
-longest=(operations redlock read_write cluster hand_off kill_storm postgres_faults postgres_deployments)
+longest=(sentinel operations redlock read_write cluster postgres_deployments postgres_faults semaphores)
 valkey=(redis_semantics round_trips read_write operations semaphores host_vs_redis)
 # (`--test NAME` runs every package's binary of that name: names must be
 # unique, or a job runs twice and a CPU-bound model would run in a lane.)
@@ -79,7 +80,7 @@ for t in $targets; do
 done
 for t in "${valkey[@]}"; do jobs+=("valkey $t"); done
 
-lanes=${LOCK_TEST_LANES:-3}
+lanes=${LOCK_TEST_LANES:-4}
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 echo 0 >"$logs/next"

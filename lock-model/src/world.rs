@@ -27,10 +27,13 @@
 //! - an undo (`Backend::undo`) travels on the connection its attempt took
 //!   (the acks connection on Sentinel with `replica_acks`), behind it;
 //!   releases, renewals and keeps take the main connection;
-//! - a lost `WAIT` reply fails the attempt: the Sentinel backend releases
-//!   the lock behind the acquire on its connection and gives it back, and
-//!   the request tries again under a new owner id (`sentinel.rs::acquire`,
-//!   `Fault::GivenBack`);
+//! - a `WAIT` short of acknowledgements (or, here, a lost `WAIT` reply:
+//!   the runtime pipelines it with the acquire, where a cut fails both)
+//!   fails the attempt: the Sentinel backend releases the lock behind the
+//!   acquire on its connection and gives it back, and the request tries
+//!   again under a new owner id (`sentinel.rs::acquire`,
+//!   `Fault::GivenBack`); the client's journal of releases replayed after
+//!   a failover (`sentinel/journal.rs`) is not modelled;
 //! - a request's claim (`claims.rs`) lives from its start to its end: its
 //!   mailbox is in [`Req`];
 //! - a renewal is bounded by its round's limit (`watchdog.rs::tick`: the

@@ -110,9 +110,8 @@ impl LockClientBuilder {
 
     /// Sentinel only: after taking a lock, wait (Redis `WAIT`) until
     /// `replicas` replicas have it, at most `timeout`; if fewer confirm, the
-    /// lock is released and the request tries again (acquire, `WAIT`,
-    /// release) until its `wait` runs out (today at most two `op_timeout`s:
-    /// such a try counts as a server not reached), then fails with
+    /// lock is released and the request tries again under a new owner id
+    /// (acquire, `WAIT`, release) until its `wait` runs out, then fails with
     /// [`LockError::Timeout`] if a try found the lock busy, else
     /// [`LockError::Backend`] naming the shortfall.
     /// Renewals count the same way: each renewal tick ends with one `WAIT`

@@ -604,6 +604,7 @@ impl LockRequest {
                     // backend remembers as released (a failover sends that
                     // release again): go on under a new one, which that
                     // release cannot touch.
+                    tracing::debug!(key = %key, error = %message, "lock attempt given back; trying again under a new owner id");
                     if !released {
                         client.undo_in_background(name.clone(), owner.clone());
                     }

@@ -1,8 +1,0 @@
-use lock_runtime::{distributed_lock, LockError};
-
-#[distributed_lock(key = "render:{tenant}", permits = 5_000_000_000)]
-async fn render(tenant: u64) -> Result<u64, LockError> {
-    Ok(tenant)
-}
-
-fn main() {}

@@ -1,8 +1,0 @@
-use lock_runtime::{distributed_lock, LockError};
-
-#[distributed_lock(key = "order:{id}", ttl = "30s")]
-async fn pay(id: u64) -> Result<u64, LockError> {
-    Ok(id)
-}
-
-fn main() {}
