@@ -15,3 +15,7 @@ pub mod properties;
 pub mod scenarios;
 pub mod state;
 pub mod world;
+
+/// The checker's binaries allocate with mimalloc (see `Cargo.toml`).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
