@@ -264,15 +264,23 @@ impl Pool {
     fn prepare(&self, conn: &Arc<Conn>, sql: &str, params: &[Param<'_>]) {
         let types: Vec<Type> = params.iter().map(|(_, t)| t.clone()).collect();
         let (conn, text, may_prepare) = (conn.clone(), sql.to_owned(), self.may_prepare.clone());
+        let server = self.addr.clone();
         self.io.spawn(async move {
             match conn.client.prepare_typed(&text, &types).await {
                 Ok(statement) => {
                     conn.prepared.lock().unwrap().insert(text, Some(statement));
                 }
-                Err(e) => {
-                    if is_pooled(&e) {
-                        may_prepare.store(false, Ordering::Relaxed);
+                Err(e) if is_pooled(&e) => {
+                    // (Said once, as `stop_preparing` says it.)
+                    if may_prepare.swap(false, Ordering::Relaxed) {
+                        tracing::warn!(
+                            %server, error = %e,
+                            "a session already had the name of a lock statement this client \
+                             prepared (a pooler between?); sending lock statements unnamed from now on"
+                        );
                     }
+                }
+                Err(e) => {
                     tracing::debug!(error = %e, "preparing a lock statement failed; it stays unnamed");
                 }
             }
