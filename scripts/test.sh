@@ -48,9 +48,9 @@ lanes_started=$SECONDS
 # of its own (a job may carry libtest filters after the binary's name).
 # The last shard is "every scenario not named before", so a new scenario
 # runs without being listed here.
-fault_a=(nemesis_history_with_fencing)
+fault_a=(nemesis_history_with_fencing sentinel_planned_failovers_under_load)
 fault_b=(outside_nemesis_read_write_locks outside_nemesis_write_locks reply_faults_one_connection_at_a_time
-  cluster_slot_migrations_under_load cluster_resharding_with_holds sentinel_planned_failovers_under_load)
+  cluster_slot_migrations_under_load cluster_resharding_with_holds)
 skip_named=()
 for t in "${fault_a[@]}" "${fault_b[@]}"; do skip_named+=(--skip "$t"); done
 longest=(sentinel operations redlock read_write cluster postgres_deployments postgres_faults semaphores)
