@@ -530,6 +530,8 @@ impl LockRequest {
             acq: Acquiring::new(started, deadline, cfg.op_timeout),
         };
         let mut waiter: Option<Waiter> = None;
+        // When a release's wake-up last ended a wait.
+        let mut woken: Option<Instant> = None;
         let gave_up = |e: Fault, acq: &Acquiring<Instant>, key: &str| -> LockError {
             if acq.ends_as_timeout() {
                 tracing::debug!(key = %key, error = %e, "lock busy; giving up (the last attempt failed)");
@@ -680,9 +682,12 @@ impl LockRequest {
                     None => continue,
                 }
             }
-            let nap = unsure
+            let mut nap = unsure
                 .acq
                 .nap(ttl, lease, Instant::now(), fastrand::f64(), &timing);
+            if let Some(at) = woken.filter(|_| client.inner.backend.releases_node_by_node()) {
+                nap = Acquiring::nap_after_wake(nap, at, Instant::now(), &timing);
+            }
             let mailbox = claim.mailbox();
             let released = async {
                 match waiter.as_mut() {
@@ -705,9 +710,12 @@ impl LockRequest {
                 }
             };
             let grant = tokio::select! {
-                woken = released => match woken {
+                out = released => match out {
                     Woken::Granted(g) => Some(g),
-                    Woken::Retry => None,
+                    Woken::Retry => {
+                        woken = Some(Instant::now());
+                        None
+                    }
                 },
                 _ = scope_joined => None,
                 _ = client.sleep(nap) => None,

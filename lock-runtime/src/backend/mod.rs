@@ -344,6 +344,13 @@ impl Backend {
         matches!(self, Backend::Sentinel(b) if b.grants_need_confirming())
     }
 
+    /// A release reaches the deployment's nodes one by one, each telling
+    /// its own listeners (Redlock): a wake-up may come before the lock is
+    /// gone everywhere.
+    pub(crate) fn releases_node_by_node(&self) -> bool {
+        matches!(self, Backend::Redlock(_))
+    }
+
     /// Tasks of this client waiting for the lock.
     pub(crate) fn waiting(&self, name: &LockName) -> usize {
         each!(self, b => b.waiting(name), fake _f => 0)

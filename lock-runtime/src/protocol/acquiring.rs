@@ -299,6 +299,20 @@ impl<I: Moment> Acquiring<I> {
         (base + spread.mul_f64(jitter)).min(self.deadline.since(now))
     }
 
+    /// The nap after a busy answer, where a release reaches its nodes one
+    /// by one (Redlock) and this request was last woken by a release at
+    /// `woken_at`: the node that woke it may have had that release before
+    /// the others had theirs, which publish where nobody of this client
+    /// listens. The releaser's commands end within an operation timeout,
+    /// so until then it asks again every quarter of one, instead of
+    /// sleeping out the holder's lease (`nap`).
+    pub fn nap_after_wake(nap: Duration, woken_at: I, now: I, t: &Timing) -> Duration {
+        if now.since(woken_at) >= t.op_timeout {
+            return nap;
+        }
+        nap.min((t.op_timeout / 4).max(Duration::from_millis(1)))
+    }
+
     /// A hand-off grant stamped `at` reached this request; `confirming`:
     /// the backend wants it confirmed by an attempt.
     pub fn on_grant(&self, at: Stamp<I>, confirming: bool) -> OnGrant<I> {
@@ -324,6 +338,19 @@ mod tests {
         retry_jitter: Duration::from_millis(50),
         op_timeout: Duration::from_millis(2000),
     };
+
+    #[test]
+    fn a_busy_answer_within_an_operation_of_a_wake_up_is_asked_again_soon() {
+        let nap = Duration::from_millis(9_000);
+        let soon = Acquiring::nap_after_wake(nap, Ms(1_000), Ms(1_100), &T);
+        assert_eq!(soon, T.op_timeout / 4);
+        // Once the releaser's commands must have ended: the nap as it was.
+        let late = Acquiring::nap_after_wake(nap, Ms(1_000), Ms(3_000), &T);
+        assert_eq!(late, nap);
+        // Never longer than the nap.
+        let short = Duration::from_millis(10);
+        assert_eq!(Acquiring::nap_after_wake(short, Ms(0), Ms(0), &T), short);
+    }
 
     #[test]
     fn a_server_that_never_answers_ends_the_call_within_two_operation_timeouts() {
