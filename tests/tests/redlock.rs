@@ -285,6 +285,8 @@ async fn a_wake_up_ahead_of_the_other_nodes_releases_is_followed_up() {
         .unwrap();
     let (w, k) = (waiting.clone(), key.clone());
     let waiter = tokio::spawn(async move { w.lock(&k).wait(Duration::from_secs(20)).await });
+    // (A Redlock client listens on its first node while it answers: here
+    // the one the holder reaches without delay.)
     assert!(tests::eventually(Duration::from_secs(5), || waiting.waiting_here(&key) == 1).await);
     for p in &slow {
         p.set(Mode::Delay(Duration::from_millis(300)));

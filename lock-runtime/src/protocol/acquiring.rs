@@ -300,12 +300,13 @@ impl<I: Moment> Acquiring<I> {
     }
 
     /// The nap after a busy answer, where a release reaches its nodes one
-    /// by one (Redlock) and this request was last woken by a release at
-    /// `woken_at`: the node that woke it may have had that release before
-    /// the others had theirs, which publish where nobody of this client
-    /// listens. The releaser's commands end within an operation timeout,
-    /// so until then it asks again every quarter of one, instead of
-    /// sleeping out the holder's lease (`nap`).
+    /// by one (Redlock) and this request was last woken at `woken_at`: the
+    /// node that woke it may have had that release before the others had
+    /// theirs, which publish where nobody of this client listens. For one
+    /// operation timeout of this client (the releaser's own bound, where
+    /// clients share their settings) it asks again every quarter of one,
+    /// instead of sleeping out the holder's lease (`nap`). Best effort: a
+    /// release slower than that is waited out as before.
     pub fn nap_after_wake(nap: Duration, woken_at: I, now: I, t: &Timing) -> Duration {
         if now.since(woken_at) >= t.op_timeout {
             return nap;
