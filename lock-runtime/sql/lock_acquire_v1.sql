@@ -8,11 +8,13 @@
 -- do not queue behind each other. Readers share a hold unless a live writer
 -- waits; a permit is admitted while fewer than p_permits hold the name and
 -- no live waiter is queued before it.
--- Reads and writes lock_fences (the name's row, locked first: calls on one
--- name run one after the other), lock_holders (a hold takes a free slot,
--- after any renewal in flight of a lapsed one)
--- and lock_waiters; sweeps two expired names at most, and only when one
--- has expired. Leases end by the database's clock. Safe to send
+-- Reads and writes lock_holders (the name's slot 0, locked first: calls on
+-- one name run one after the other; a hold takes a free slot, after any
+-- renewal in flight of a lapsed one) and lock_waiters; keeps slot 0's busy
+-- flag (lock_settle_v1); sweeps two expired names at most, and only when
+-- one has expired. The client's fast path (a free name, not busy, a
+-- writer) runs before this, in the same statement, and calls this only
+-- when it took nothing. Leases end by the database's clock. Safe to send
 -- twice: the owner id is unique per acquisition, and a second send finds
 -- its hold (status 2) or its queue entry (kept in place, its stay renewed).
 CREATE OR REPLACE FUNCTION lock_acquire_v1(
@@ -38,22 +40,25 @@ DECLARE
     v_mine    boolean;
     v_slot    integer;
     v_next    integer;
+    v_busy    boolean;
 BEGIN
     status := 0;
     token := 0;
     queued_at := 0;
-    INSERT INTO lock_fences AS f (name, last, expires)
-    VALUES (p_name, CASE WHEN v_bump THEN v_us ELSE 0 END, v_now + v_ttl * 1.5)
-    ON CONFLICT (name) DO UPDATE
-       SET last = CASE WHEN v_bump THEN greatest(f.last + 1, v_us) ELSE f.last END,
-           expires = CASE WHEN f.expires < v_now + v_ttl THEN v_now + v_ttl * 1.5 ELSE f.expires END
-    RETURNING f.last INTO v_last;
+    INSERT INTO lock_holders AS h (name, slot, owner, kind, lease_end, fence, last, expires, busy)
+    VALUES (p_name, 0, '', 'w', '-infinity', 0, CASE WHEN v_bump THEN v_us ELSE 0 END,
+            v_now + v_ttl * 1.5, false)
+    ON CONFLICT (name, slot) DO UPDATE
+       SET last = CASE WHEN v_bump THEN greatest(h.last + 1, v_us) ELSE h.last END,
+           expires = CASE WHEN h.expires < v_now + v_ttl THEN v_now + v_ttl * 1.5 ELSE h.expires END
+    RETURNING h.last, h.busy INTO v_last, v_busy;
 
     -- A renewal in flight (it locks no counter row) of a hold whose lease
     -- looks over: wait for it, so that the read below sees its new lease,
     -- and hold the row, so that a renewal after this sees the new owner.
     PERFORM 1 FROM lock_holders
      WHERE name = p_name AND owner <> '' AND lease_end <= v_now
+     ORDER BY slot
        FOR NO KEY UPDATE;
 
     -- One read of the name's slots: the live holds by kind, whether this
@@ -81,6 +86,9 @@ BEGIN
             IF p_rejoin OR p_stay_ms IS NOT NULL THEN
                 DELETE FROM lock_waiters WHERE name = p_name AND owner = p_owner;
             END IF;
+            IF v_busy THEN
+                PERFORM lock_settle_v1(p_name, v_now);
+            END IF;
             RETURN;
         END IF;
         token := 0;
@@ -106,8 +114,8 @@ BEGIN
             ELSIF v_read > 0 THEN
                 token := v_read;
             ELSE
-                UPDATE lock_fences SET last = greatest(last + 1, v_us)
-                 WHERE name = p_name RETURNING last INTO token;
+                UPDATE lock_holders SET last = greatest(last + 1, v_us)
+                 WHERE name = p_name AND slot = 0 RETURNING last INTO token;
             END IF;
         END IF;
         IF v_slot IS NULL THEN
@@ -128,8 +136,11 @@ BEGIN
         IF p_rejoin OR p_stay_ms IS NOT NULL THEN
             DELETE FROM lock_waiters WHERE name = p_name AND owner = p_owner;
         END IF;
+        IF v_busy OR v_slot IS DISTINCT FROM 0 THEN
+            PERFORM lock_settle_v1(p_name, v_now);
+        END IF;
         status := 1;
-        IF EXISTS (SELECT 1 FROM lock_fences WHERE expires < v_now) THEN
+        IF EXISTS (SELECT 1 FROM lock_holders WHERE slot = 0 AND expires < v_now) THEN
             PERFORM lock_sweep_v1(v_now, v_ttl);
         END IF;
         RETURN;
@@ -148,8 +159,11 @@ BEGIN
     VALUES (p_name, p_owner, p_kind, p_permits, p_lease_ms, p_fence, p_channel,
             v_now + p_stay_ms * interval '1 millisecond')
     ON CONFLICT (name, owner) DO UPDATE SET until = EXCLUDED.until, channel = EXCLUDED.channel;
+    IF NOT v_busy THEN
+        UPDATE lock_holders SET busy = true WHERE name = p_name AND slot = 0;
+    END IF;
     queued_at := (extract(epoch FROM v_now) * 1000)::bigint;
-    IF EXISTS (SELECT 1 FROM lock_fences WHERE expires < v_now) THEN
+    IF EXISTS (SELECT 1 FROM lock_holders WHERE slot = 0 AND expires < v_now) THEN
         PERFORM lock_sweep_v1(v_now, v_ttl);
     END IF;
 END

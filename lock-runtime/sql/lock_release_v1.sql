@@ -12,8 +12,11 @@
 -- A release that hands nothing over commits without waiting for the WAL
 -- flush (synchronous_commit off for its transaction only): losing it loses
 -- no safety, only the lock's time until its lease ends.
--- Reads and writes lock_fences (the name's row, locked first), lock_holders
--- (the hold's slot is freed), lock_waiters. Safe to send twice: the second send finds the hold gone (0),
+-- Reads and writes lock_holders (the name's slot 0, locked first; the
+-- hold's slot is freed; slot 0's busy flag kept, lock_settle_v1) and
+-- lock_waiters. The client's fast path (slot 0 its own, not busy) runs
+-- before this, in the same statement, and calls this only when it freed
+-- nothing. Safe to send twice: the second send finds the hold gone (0),
 -- or handed over by this owner (1).
 CREATE OR REPLACE FUNCTION lock_release_v1(p_name text, p_owner text, p_forced boolean)
 RETURNS integer LANGUAGE plpgsql AS $$
@@ -23,8 +26,9 @@ DECLARE
     v_kept  boolean := false;
     v_ended integer;
     v_kind  "char";
+    v_busy  boolean;
 BEGIN
-    PERFORM 1 FROM lock_fences WHERE name = p_name FOR UPDATE;
+    SELECT busy INTO v_busy FROM lock_holders WHERE name = p_name AND slot = 0 FOR UPDATE;
     IF NOT FOUND THEN
         RETURN 0;
     END IF;
@@ -42,7 +46,13 @@ BEGIN
     IF FOUND THEN
         IF EXISTS (SELECT 1 FROM lock_waiters WHERE name = p_name) THEN
             PERFORM lock_serve_v1(p_name, v_now, CASE WHEN p_forced THEN NULL ELSE v_owner END);
-        ELSIF NOT p_forced THEN
+            PERFORM lock_settle_v1(p_name, v_now);
+            RETURN v_ended;
+        END IF;
+        IF v_busy THEN
+            PERFORM lock_settle_v1(p_name, v_now);
+        END IF;
+        IF NOT p_forced THEN
             -- Nobody queued, nothing handed over: the commit need not wait
             -- for the WAL flush. Lost in a crash, this release leaves the
             -- lock held until its lease ends, as a crash of its holder
@@ -53,9 +63,12 @@ BEGIN
         RETURN v_ended;
     END IF;
     DELETE FROM lock_waiters WHERE name = p_name AND owner = v_owner RETURNING kind INTO v_kind;
-    IF FOUND AND v_kind = 'w' THEN
-        -- Readers queued only behind this writer join the readers now.
-        PERFORM lock_serve_v1(p_name, v_now, NULL);
+    IF FOUND THEN
+        IF v_kind = 'w' THEN
+            -- Readers queued only behind this writer join the readers now.
+            PERFORM lock_serve_v1(p_name, v_now, NULL);
+        END IF;
+        PERFORM lock_settle_v1(p_name, v_now);
     END IF;
     IF NOT p_forced AND EXISTS (
         SELECT 1 FROM lock_holders WHERE name = p_name AND handed_by = v_owner) THEN

@@ -9,8 +9,8 @@
 -- hear their grant, and the lock would sit idle for their lease.
 -- Reads lock_listeners and pg_stat_activity; reads and writes lock_holders
 -- (each waiter served takes a slot as lock_acquire_v1 does),
--- lock_waiters and the name's lock_fences row,
--- which the caller has locked. Called only by lock_acquire_v1 and
+-- lock_waiters and the name's slot 0 (its counter),
+-- which the caller has locked; the caller then settles slot 0's busy flag. Called only by lock_acquire_v1 and
 -- lock_release_v1, inside their one statement: safe to repeat, since a
 -- waiter served leaves the queue and is not served twice.
 -- p_from: the owner whose release hands the lock over (NULL: a forced
@@ -33,6 +33,7 @@ BEGIN
     -- looks over is waited for, and the row held.
     PERFORM 1 FROM lock_holders
      WHERE name = p_name AND owner <> '' AND lease_end <= p_now
+     ORDER BY slot
        FOR NO KEY UPDATE;
     SELECT count(*) FILTER (WHERE kind = 'w'), count(*) FILTER (WHERE kind = 'r'),
            count(*) FILTER (WHERE kind = 's'), coalesce(max(fence) FILTER (WHERE kind = 'r'), 0)
@@ -64,8 +65,8 @@ BEGIN
             IF q.kind = 'r' AND v_read > 0 THEN
                 v_token := v_read;
             ELSE
-                UPDATE lock_fences SET last = greatest(last + 1, v_us)
-                 WHERE name = p_name RETURNING last INTO v_token;
+                UPDATE lock_holders SET last = greatest(last + 1, v_us)
+                 WHERE name = p_name AND slot = 0 RETURNING last INTO v_token;
                 IF q.kind = 'r' THEN
                     v_read := v_token;
                 END IF;

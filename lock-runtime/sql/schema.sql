@@ -4,18 +4,30 @@
 -- `lock_*_v1.sql` files), in one transaction.
 -- Safe to run twice: every statement is IF NOT EXISTS.
 --
--- lock_holders: the slots of a name, one per hold (a writer, each reader,
--- each permit of a semaphore), with its lease end by the database's clock.
--- A hold takes the name's free slot (released, or its lease over) and a
--- release frees it (owner '', lease_end -infinity, fence 1 if it ended in
+-- lock_holders: per lock name, its slots, one per hold (a writer, each
+-- reader, each permit of a semaphore), with its lease end by the database's
+-- clock. A hold takes the name's free slot (released, or its lease over) and
+-- a release frees it (owner '', lease_end -infinity, fence 1 if it ended in
 -- its lease, else 0): slots are used again, not inserted and deleted, so a
 -- lock cycle, like a renewal, only updates columns no index covers (HOT
 -- updates, room left on each page by the fill factor) and the table does
--- not bloat. A name's slots go with its lock_fences row (lock_sweep_v1).
+-- not bloat.
 -- kind: 'w' writer, 'r' reader, 's' permit. kept: its holder released it
 -- under min_hold; it stays taken until lease_end, renewed by nobody.
 -- handed_by: the owner whose release handed it over (a release sent twice
--- knows it ran). An owner has one slot of a name at most.
+-- knows it ran). An owner has one slot of a name at most; a writer's is
+-- always slot 0 (it takes a name only when no slot is live, and the first
+-- free slot then is 0).
+-- Slot 0 is also the name's own row, there as long as the name is: last,
+-- the last token handed out (tokens rise per name, floored at the database
+-- clock in microseconds); expires, when the name may go (at least fence_ttl
+-- after its last acquisition; moved only when less than fence_ttl is left,
+-- so most lock cycles stay HOT); busy, set whenever another slot may be
+-- live or a waiter may be queued (cleared by the functions once neither
+-- is so). Every call that changes a name locks its slot 0 first, which
+-- orders them; while busy is false, a writer's lock and its release are one
+-- UPDATE of that one row (the client's fast path), as a lease row's are.
+-- The other slots leave last, expires and busy NULL.
 CREATE TABLE IF NOT EXISTS lock_holders (
     name      text        NOT NULL,
     slot      integer     NOT NULL,
@@ -25,20 +37,12 @@ CREATE TABLE IF NOT EXISTS lock_holders (
     fence     bigint      NOT NULL,
     kept      boolean     NOT NULL DEFAULT false,
     handed_by text,
+    last      bigint,
+    expires   timestamptz,
+    busy      boolean,
     PRIMARY KEY (name, slot)
 ) WITH (fillfactor = 50);
-
--- lock_fences: per lock name, the last token handed out (tokens rise per
--- name, floored at the database clock in microseconds) and when the row may
--- go: at least fence_ttl after the name's last acquisition. Every call that
--- changes a name locks this row first, which orders them. The expiry moves
--- only when less than fence_ttl is left, so most token updates stay HOT.
-CREATE TABLE IF NOT EXISTS lock_fences (
-    name    text        PRIMARY KEY,
-    last    bigint      NOT NULL,
-    expires timestamptz NOT NULL
-) WITH (fillfactor = 70);
-CREATE INDEX IF NOT EXISTS lock_fences_expires ON lock_fences (expires);
+CREATE INDEX IF NOT EXISTS lock_holders_expires ON lock_holders (expires) WHERE slot = 0;
 
 -- lock_waiters: the queue of a name, first come first served (seq), each
 -- waiter with its client's LISTEN channel, the lease its grant gets, and

@@ -361,7 +361,7 @@ fn tokens_rise_across_clients_crashes_and_lost_counters() {
     rt.block_on(held.release()).unwrap();
     take("after the crash", 9, &mut last);
 
-    pg.psql("DELETE FROM lock_fences");
+    pg.psql("DELETE FROM lock_holders");
     take("after the counters were lost", 9, &mut last);
 }
 

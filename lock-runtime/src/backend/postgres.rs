@@ -1,5 +1,6 @@
 //! PostgreSQL as the lock store: the lock protocol as SQL functions
-//! (`lock-runtime/sql/`), one autocommit statement per call over a small
+//! (`lock-runtime/sql/`, with the uncontended writer's lock and release
+//! inline in `fast_path.rs`), one autocommit statement per call over a small
 //! pool of connections (`pool.rs`), hand-offs heard on one listening
 //! connection per client (`listener.rs`), the schema created on first use
 //! (`schema.rs`).
@@ -25,6 +26,7 @@ use crate::wakeups::Waiter;
 
 mod direct;
 mod errors;
+mod fast_path;
 mod listener;
 mod operations;
 pub(crate) mod pool;
@@ -133,7 +135,7 @@ impl PostgresBackend {
             .query_by(
                 Pool::route(&name.hash),
                 "acquiring a lock",
-                "SELECT * FROM lock_acquire_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+                fast_path::ACQUIRE,
                 &params,
                 queue.by,
             )
@@ -169,7 +171,7 @@ impl PostgresBackend {
             .query_sent(
                 Pool::route(&name.hash),
                 "releasing a lock",
-                "SELECT lock_release_v1($1, $2, $3)",
+                fast_path::RELEASE,
                 &[
                     (&&*name.hash, Type::TEXT),
                     (&owner, Type::TEXT),

@@ -37,7 +37,7 @@ use crate::backend::fault::Fault;
 use crate::backend::node::NodeSettings;
 
 /// Connections per client (the listening one comes on top).
-pub(crate) const POOL_SIZE: usize = 4;
+pub(crate) const POOL_SIZE: usize = 8;
 
 /// First pause before a broken call is sent again.
 const RETRY_PAUSE: Duration = Duration::from_millis(20);

@@ -3,10 +3,10 @@
 //! `include_str!` as `scripts.rs` loads the Lua. The functions carry a
 //! version in their names, so clients of two versions share one database.
 //!
-//! Invariant: **the functions are the only writers of lock state.** The
-//! client sends one `SELECT` of one function per call, in autocommit: no
-//! transaction stays open between calls, and a pooler in transaction mode
-//! passes every statement.
+//! Invariant: **the functions, and the fast path beside them
+//! (`fast_path.rs`), are the only writers of lock state.** The client
+//! sends one statement per call, in autocommit: no transaction stays open
+//! between calls, and a pooler in transaction mode passes every statement.
 
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
@@ -19,7 +19,11 @@ pub(crate) const TABLES: &str = include_str!("../../../sql/schema.sql");
 
 /// The functions, in the order they are created (one calls the ones
 /// before it).
-pub(crate) const FUNCTIONS: [(&str, &str); 10] = [
+pub(crate) const FUNCTIONS: [(&str, &str); 11] = [
+    (
+        "lock_settle_v1",
+        include_str!("../../../sql/lock_settle_v1.sql"),
+    ),
     (
         "lock_sweep_v1",
         include_str!("../../../sql/lock_sweep_v1.sql"),
@@ -113,6 +117,17 @@ pub(crate) async fn install(client: &Client) -> Result<(), Fault> {
                     e.as_db_error()
                         .map_or_else(|| e.to_string(), |d| d.message().to_owned()),
                     all_sql()
+                )));
+            }
+            if code == Some(&SqlState::UNDEFINED_COLUMN) {
+                // `CREATE TABLE IF NOT EXISTS` kept a table of an earlier
+                // layout, which the statements of this version cannot use.
+                return Err(Fault::Config(format!(
+                    "the lock tables here are of an earlier layout ({}); while no lock is \
+                     held, drop the tables lock_holders, lock_waiters, lock_listeners (and \
+                     lock_fences, if there) and the lock_*_v1 functions, then connect again",
+                    e.as_db_error()
+                        .map_or_else(|| e.to_string(), |d| d.message().to_owned()),
                 )));
             }
             Err(sql_fault("creating the lock tables", &e))
