@@ -6,6 +6,10 @@
 //! `--unsafe` instances, then with the lock — and a verdict table. It exits
 //! non-zero if the locked run oversold or sold twice to one user.
 //!
+//! With `--postgres` the locks, the stock and the orders are all in one
+//! PostgreSQL database (`DATABASE_URL`, or a temporary server), and each
+//! sale checks the lock's fencing token in the transaction that writes it.
+//!
 //! `flash-sale serve` runs one instance of the service.
 
 use std::io::IsTerminal;
@@ -21,6 +25,7 @@ use examples::flash_sale::scenario::{self, Backend, Scenario};
 use examples::flash_sale::service::{self, Shop};
 use examples::flash_sale::spawn::TempRedis;
 use examples::flash_sale::store::Store;
+use examples::flash_sale::temp_postgres::TempPostgres;
 use lock_runtime::LockClient;
 use tracing_subscriber::EnvFilter;
 
@@ -59,6 +64,10 @@ struct ServeArgs {
     /// memory (one instance only).
     #[arg(long, env = "REDIS_URL")]
     redis_url: Option<String>,
+    /// PostgreSQL (`postgres://…`) for stock, orders and locks, instead of
+    /// Redis (it wins over `--redis-url`).
+    #[arg(long)]
+    database_url: Option<String>,
     /// Serve the same logic without the lock (for comparison).
     #[arg(long = "unsafe")]
     unsafe_mode: bool,
@@ -83,6 +92,10 @@ struct DemoArgs {
     /// Use the in-memory backend even if Redis is available.
     #[arg(long, conflicts_with = "redis_url")]
     memory: bool,
+    /// Keep locks, stock and orders in one PostgreSQL database:
+    /// `DATABASE_URL` if set, else a temporary server.
+    #[arg(long, conflicts_with = "memory")]
+    postgres: bool,
     /// Service instances.
     #[arg(long, default_value_t = 3)]
     instances: usize,
@@ -164,7 +177,8 @@ async fn main() -> ExitCode {
 }
 
 async fn serve(args: ServeArgs) -> Result<(), scenario::Error> {
-    let (store, client) = match &args.redis_url {
+    let url = args.database_url.as_ref().or(args.redis_url.as_ref());
+    let (store, client) = match url {
         Some(url) => (Store::connect(url).await?, LockClient::connect(url).await?),
         None => {
             tracing::warn!("no REDIS_URL: stock and locks are in memory, private to this instance");
@@ -203,7 +217,22 @@ async fn demo(args: DemoArgs) -> Result<ExitCode, scenario::Error> {
     // Declared before the backend so that it outlives every use; dropped
     // (killed) on every return path, also while a panic unwinds.
     let mut temp_redis = None;
-    let backend = if let Some(url) = &args.redis_url {
+    let mut temp_postgres = None;
+    let backend = if args.postgres {
+        match std::env::var("DATABASE_URL") {
+            Ok(url) => Backend::Postgres { url, exe },
+            Err(_) => {
+                let pg = TempPostgres::start()?.ok_or(
+                    "--postgres: DATABASE_URL is not set and the PostgreSQL server binaries \
+                     (initdb, postgres) are not in /usr/lib/postgresql/<version>/bin nor on PATH: \
+                     install them, or set DATABASE_URL",
+                )?;
+                let url = pg.url();
+                temp_postgres = Some(pg);
+                Backend::Postgres { url, exe }
+            }
+        }
+    } else if let Some(url) = &args.redis_url {
         Backend::Redis {
             url: url.clone(),
             exe,
@@ -245,6 +274,8 @@ async fn demo(args: DemoArgs) -> Result<ExitCode, scenario::Error> {
     };
     let source = if temp_redis.is_some() {
         " (temporary redis-server)"
+    } else if temp_postgres.is_some() {
+        " (temporary postgres server)"
     } else {
         ""
     };
@@ -264,6 +295,7 @@ async fn demo(args: DemoArgs) -> Result<ExitCode, scenario::Error> {
     eprintln!("2/2  locked: #[distributed_lock(key = \"stock:{{req.item}}\", wait = \"2s\")]");
     let locked_run = scenario::run_phase(&backend, &scenario, true).await?;
     drop(temp_redis);
+    drop(temp_postgres);
 
     println!();
     print!(

@@ -29,7 +29,7 @@ pub struct PhaseReport {
     pub load: LoadResult,
     /// Lock figures the instances' `/metrics` showed (locked run).
     pub lock: Option<LockFigures>,
-    /// The paused holder's sale (locked run on Redis).
+    /// The paused holder's sale (locked run, instances as processes).
     pub paused: Option<PausedHolder>,
 }
 

@@ -27,6 +27,14 @@ pub enum Backend {
         /// The `flash-sale` binary, run as `serve`.
         exe: PathBuf,
     },
+    /// One PostgreSQL database for the locks and the shop's tables; the
+    /// instances are separate processes of `exe`.
+    Postgres {
+        /// `postgres://…`
+        url: String,
+        /// The `flash-sale` binary, run as `serve`.
+        exe: PathBuf,
+    },
     /// In this process: in-memory store and locks, the instances are axum
     /// servers on tasks of this process.
     Memory(Store),
@@ -39,8 +47,28 @@ impl Backend {
             Backend::Redis { url, .. } => {
                 format!("Redis at {url}, instances as separate processes")
             }
+            Backend::Postgres { url, .. } => format!(
+                "PostgreSQL at {} (locks, stock and orders in one database), \
+                 instances as separate processes",
+                without_password(url)
+            ),
             Backend::Memory(_) => "in-memory store and locks, instances in this process".into(),
         }
+    }
+}
+
+/// `url` with its password, if any, left out (for the screen).
+fn without_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    match rest[..authority_end].rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split(':').next().unwrap_or_default();
+            format!("{scheme}://{user}@{host}{}", &rest[authority_end..])
+        }
+        None => url.to_owned(),
     }
 }
 
@@ -59,7 +87,8 @@ pub struct Scenario {
     pub progress: bool,
     /// `RUST_LOG` of instance processes when none is set.
     pub child_log: String,
-    /// After the locked crowd (Redis only): pause one instance with
+    /// After the locked crowd (instances as processes: Redis or
+    /// PostgreSQL): pause one instance with
     /// SIGSTOP past its lease just before its write, let another sell the
     /// unit meanwhile, and show the store refusing the stale write.
     pub paused_holder: bool,
@@ -78,7 +107,7 @@ pub async fn run_phase(
 ) -> Result<PhaseReport, Error> {
     let label = if locked { "locked" } else { "unsafe" };
     let store = match backend {
-        Backend::Redis { url, .. } => Store::connect(url).await?,
+        Backend::Redis { url, .. } | Backend::Postgres { url, .. } => Store::connect(url).await?,
         Backend::Memory(store) => store.clone(),
     };
     for item in &scenario.load.items {
@@ -87,10 +116,10 @@ pub async fn run_phase(
     let mut figures = None;
     let mut paused = None;
     let load = match backend {
-        Backend::Redis { url, exe } => {
+        Backend::Redis { url, exe } | Backend::Postgres { url, exe } => {
             let spec = InstanceSpec {
                 exe: exe.clone(),
-                redis_url: url.clone(),
+                url: url.clone(),
                 locked,
                 race_delay: scenario.race_delay,
                 log: scenario.child_log.clone(),
@@ -169,7 +198,7 @@ pub async fn run_phase(
 /// refuses.
 async fn paused_holder(spec: &InstanceSpec) -> Result<PausedHolder, Error> {
     const ITEM: &str = "paused-item";
-    let store = Store::connect(&spec.redis_url).await?;
+    let store = Store::connect(&spec.url).await?;
     store.seed(ITEM, 1).await?;
     let spec = InstanceSpec {
         pause_first: true,
@@ -252,4 +281,22 @@ pub fn total(audits: &[Audit]) -> Audit {
         duplicate_buyers: acc.duplicate_buyers + a.duplicate_buyers,
         stale_refused: acc.stale_refused + a.stale_refused,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_screen_shows_no_password() {
+        assert_eq!(
+            without_password("postgres://app:s3cret@db:5432/shop?sslmode=require"),
+            "postgres://app@db:5432/shop?sslmode=require"
+        );
+        assert_eq!(
+            without_password("postgres://postgres@127.0.0.1:5432/postgres"),
+            "postgres://postgres@127.0.0.1:5432/postgres"
+        );
+        assert_eq!(without_password("postgres://db/shop"), "postgres://db/shop");
+    }
 }

@@ -1,5 +1,6 @@
 //! Child processes that never outlive the demo: a temporary `redis-server`
-//! and the service instances.
+//! and the service instances (the temporary PostgreSQL server is in
+//! [`super::temp_postgres`]).
 //!
 //! Each child is killed when its handle is dropped (also while a panic
 //! unwinds) and, on Linux, by the kernel when the parent dies
@@ -70,16 +71,70 @@ pub fn free_port() -> io::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
+/// A port for a server this process starts: one from the range
+/// `LOCK_TEST_PORTS` names (`lo-hi`), which the test suite gives each test
+/// binary it runs beside others so that no two pick the same port; else
+/// any free one.
+pub fn server_port() -> io::Result<u16> {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::OnceLock;
+    static START: OnceLock<u32> = OnceLock::new();
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let Ok(range) = std::env::var("LOCK_TEST_PORTS") else {
+        return free_port();
+    };
+    let bounds = range
+        .split_once('-')
+        .and_then(|(lo, hi)| {
+            Some((
+                lo.trim().parse::<u16>().ok()?,
+                hi.trim().parse::<u16>().ok()?,
+            ))
+        })
+        .filter(|(lo, hi)| lo <= hi);
+    let Some((lo, hi)) = bounds else {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("LOCK_TEST_PORTS={range:?}: expected `lo-hi`, e.g. 10000-15000"),
+        ));
+    };
+    let span = u32::from(hi - lo) + 1;
+    // Picks of one process step through the range from a random start, so
+    // two of them never meet.
+    let start = *START.get_or_init(|| fastrand::u32(..span));
+    for _ in 0..span {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = lo + ((start + n) % span) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    Err(io::Error::other(format!(
+        "no free port in LOCK_TEST_PORTS={range}"
+    )))
+}
+
 /// Ask a child to stop with SIGTERM, give it `grace` to exit, then kill it.
 pub fn stop_child(child: &mut Child, grace: Duration) {
+    #[cfg(unix)]
+    let signal = libc::SIGTERM;
+    #[cfg(not(unix))]
+    let signal = 15;
+    stop_child_with(child, signal, grace);
+}
+
+/// Send a child `signal` (Unix only), give it `grace` to exit, then kill it.
+pub fn stop_child_with(child: &mut Child, signal: i32, grace: Duration) {
     if let Ok(Some(_)) = child.try_wait() {
         return;
     }
     #[cfg(unix)]
     // SAFETY: plain syscall on the pid of a child we have not reaped yet.
     unsafe {
-        libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
+        libc::kill(child.id() as libc::pid_t, signal);
     }
+    #[cfg(not(unix))]
+    let _ = signal;
     let deadline = Instant::now() + grace;
     while Instant::now() < deadline {
         if let Ok(Some(_)) = child.try_wait() {
@@ -91,8 +146,9 @@ pub fn stop_child(child: &mut Child, grace: Duration) {
     let _ = child.wait();
 }
 
-/// A `redis-server` in a temporary directory on a free port, without
-/// persistence. Killed and its directory removed on drop.
+/// A `redis-server` in a temporary directory on a free port
+/// ([`server_port`]), without persistence. Killed and its directory
+/// removed on drop.
 pub struct TempRedis {
     child: Child,
     port: u16,
@@ -118,7 +174,7 @@ impl TempRedis {
     }
 
     fn start_once() -> io::Result<Option<TempRedis>> {
-        let port = free_port()?;
+        let port = server_port()?;
         let dir =
             std::env::temp_dir().join(format!("flash-sale-redis-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
@@ -200,8 +256,9 @@ pub struct InstanceSpec {
     /// The `flash-sale` binary (the demo passes `current_exe()`, the test
     /// `CARGO_BIN_EXE_flash-sale`).
     pub exe: PathBuf,
-    /// Where stock, orders and locks live.
-    pub redis_url: String,
+    /// Where stock, orders and locks live: a `redis://` URL, or a
+    /// `postgres://` one (passed as `--database-url`).
+    pub url: String,
     /// Take the lock (`false` adds `--unsafe`).
     pub locked: bool,
     /// `--race-delay-ms`.
@@ -339,7 +396,7 @@ fn serve_command(spec: &InstanceSpec, name: &str) -> Command {
     cmd.arg("serve")
         .args(["--port", "0"])
         .args(["--instance", name])
-        .args(["--redis-url", &spec.redis_url])
+        .args([store_flag(&spec.url), &spec.url])
         .args(["--race-delay-ms", &spec.race_delay.as_millis().to_string()])
         .stdin(Stdio::null())
         .stdout(Stdio::piped());
@@ -350,4 +407,13 @@ fn serve_command(spec: &InstanceSpec, name: &str) -> Command {
         cmd.env("RUST_LOG", &spec.log);
     }
     cmd
+}
+
+/// The `serve` option that takes `url`.
+fn store_flag(url: &str) -> &'static str {
+    if super::store::is_postgres_url(url) {
+        "--database-url"
+    } else {
+        "--redis-url"
+    }
 }

@@ -1,5 +1,6 @@
-//! Stock and orders of the sale: in Redis when instances are separate
-//! processes, in memory when the demo runs them all in one process.
+//! Stock and orders of the sale: in Redis or PostgreSQL ([`super::pg_store`])
+//! when instances are separate processes, in memory when the demo runs
+//! them all in one process.
 //!
 //! Reads and writes are deliberately separate calls ([`Store::read`], then
 //! [`Store::commit`] with the new stock value computed by the caller): a
@@ -20,11 +21,15 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
+use super::pg_store::PgStore;
+
 /// Where the shop keeps its data. Cheap to clone.
 #[derive(Clone)]
 pub enum Store {
     /// Shared by every instance that connects to the same Redis.
     Redis(ConnectionManager),
+    /// Shared by every instance that connects to the same database.
+    Postgres(Arc<PgStore>),
     /// Shared by the instances of one process only.
     Memory(Arc<MemoryStore>),
 }
@@ -155,10 +160,21 @@ redis.call('RPUSH', KEYS[3], ARGV[3])
 return 1
 ";
 
+/// Whether `url` names a PostgreSQL database (`postgres://`,
+/// `postgresql://`) rather than a Redis: the scheme picks the store, as it
+/// picks the lock engine in `LockClient::connect`.
+pub fn is_postgres_url(url: &str) -> bool {
+    url.starts_with("postgres://") || url.starts_with("postgresql://")
+}
+
 impl Store {
-    /// Connect to Redis. The response timeout is raised from the client's
-    /// 500 ms default: a loaded 2-core machine can exceed it.
+    /// Connect to Redis, or to PostgreSQL for a `postgres://` URL
+    /// ([`is_postgres_url`]). The Redis response timeout is raised from the
+    /// client's 500 ms default: a loaded 2-core machine can exceed it.
     pub async fn connect(url: &str) -> Result<Store, StoreError> {
+        if is_postgres_url(url) {
+            return Ok(Store::Postgres(Arc::new(PgStore::connect(url).await?)));
+        }
         let client = redis::Client::open(url)?;
         let config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(Duration::from_secs(5)))
@@ -196,6 +212,7 @@ impl Store {
                     .await?;
                 Ok(())
             }
+            Store::Postgres(pg) => pg.seed(item, stock).await,
             Store::Memory(m) => {
                 m.items.lock().unwrap().insert(
                     item.to_owned(),
@@ -246,6 +263,7 @@ impl Store {
                     bought: bought.unwrap_or(0),
                 })
             }
+            Store::Postgres(pg) => pg.read(item, user, fence).await,
             Store::Memory(m) => {
                 let mut items = m.items.lock().unwrap();
                 Ok(match items.get_mut(item) {
@@ -311,6 +329,7 @@ impl Store {
                     .await?;
                 Ok(Committed::Applied)
             }
+            Store::Postgres(pg) => pg.commit(item, user, new_stock, record, fence).await,
             Store::Memory(m) => {
                 let mut items = m.items.lock().unwrap();
                 let it = items.entry(item.to_owned()).or_default();
@@ -364,6 +383,7 @@ impl Store {
                     stale_refused: stale.unwrap_or(0),
                 }))
             }
+            Store::Postgres(pg) => pg.audit(item).await,
             Store::Memory(m) => {
                 let items = m.items.lock().unwrap();
                 Ok(items.get(item).map(|it| Audit {
