@@ -53,9 +53,10 @@ BEGIN
            expires = CASE WHEN h.expires < v_now + v_ttl THEN v_now + v_ttl * 1.5 ELSE h.expires END
     RETURNING h.last, h.busy INTO v_last, v_busy;
 
-    -- A renewal in flight (it locks no counter row) of a hold whose lease
-    -- looks over: wait for it, so that the read below sees its new lease,
-    -- and hold the row, so that a renewal after this sees the new owner.
+    -- A renewal in flight of a hold whose lease looks over: wait for it,
+    -- so that the read below sees its new lease, and hold the row, so that
+    -- a renewal after this finds the lease over (lock_renew_v1 checks
+    -- again once it holds the row).
     PERFORM 1 FROM lock_holders
      WHERE name = p_name AND owner <> '' AND lease_end <= v_now
      ORDER BY slot

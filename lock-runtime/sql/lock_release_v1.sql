@@ -36,6 +36,12 @@ BEGIN
         v_owner := left(p_owner, -1);
         v_kept := true;
     END IF;
+    -- The owner's slot and the slots that look over (lock_settle_v1 and
+    -- lock_serve_v1 lock those), in slot order as renewals lock them.
+    PERFORM 1 FROM lock_holders
+     WHERE name = p_name AND (owner = v_owner OR (owner <> '' AND lease_end <= v_now))
+     ORDER BY slot
+       FOR NO KEY UPDATE;
     -- Free the owner's slot; its fence keeps whether the hold ended in its
     -- lease (1) or after (0).
     UPDATE lock_holders

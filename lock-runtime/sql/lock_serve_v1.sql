@@ -8,11 +8,11 @@
 -- died, or it has not started listening yet and asks again): nobody would
 -- hear their grant, and the lock would sit idle for their lease.
 -- Reads lock_listeners and pg_stat_activity; reads and writes lock_holders
--- (each waiter served takes a slot as lock_acquire_v1 does),
--- lock_waiters and the name's slot 0 (its counter),
--- which the caller has locked; the caller then settles slot 0's busy flag. Called only by lock_acquire_v1 and
--- lock_release_v1, inside their one statement: safe to repeat, since a
--- waiter served leaves the queue and is not served twice.
+-- (each waiter served takes a slot as lock_acquire_v1 does), lock_waiters
+-- and the name's slot 0 (its counter), which the caller has locked; the
+-- caller then settles slot 0's busy flag. Called only by lock_release_v1,
+-- inside its one statement: safe to repeat, since a waiter served leaves the
+-- queue and is not served twice.
 -- p_from: the owner whose release hands the lock over (NULL: a forced
 -- release, or a waiter leaving). Returns how many waiters it served.
 CREATE OR REPLACE FUNCTION lock_serve_v1(p_name text, p_now timestamptz, p_from text)

@@ -5,7 +5,8 @@
 -- with a renewal in flight, are skipped: this never waits for a row lock
 -- (its caller holds one of its own name's).
 -- Reads and writes lock_holders, lock_waiters. Called by lock_acquire_v1 in
--- its one statement, and by the client's fast path when it creates a name:
+-- its one statement, and by the client's fast path after a take, when a
+-- name has expired:
 -- sent twice, it only finds less to do.
 CREATE OR REPLACE FUNCTION lock_sweep_v1(p_now timestamptz, p_ttl interval)
 RETURNS void LANGUAGE plpgsql AS $$

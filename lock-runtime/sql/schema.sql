@@ -24,9 +24,11 @@
 -- after its last acquisition; moved only when less than fence_ttl is left,
 -- so most lock cycles stay HOT); busy, set whenever another slot may be
 -- live or a waiter may be queued (cleared by the functions once neither
--- is so). Every call that changes a name locks its slot 0 first, which
--- orders them; while busy is false, a writer's lock and its release are one
--- UPDATE of that one row (the client's fast path), as a lease row's are.
+-- is so). Every call that takes, frees or queues for a name locks its
+-- slot 0 first, which orders them (a renewal or a min_hold changes only
+-- its own slots); while busy is false, a writer's lock and its release are
+-- one write of that one row (the client's fast path: an upsert, an
+-- update), as a lease row's are.
 -- The other slots leave last, expires and busy NULL.
 CREATE TABLE IF NOT EXISTS lock_holders (
     name      text        NOT NULL,

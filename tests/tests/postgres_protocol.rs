@@ -411,6 +411,126 @@ async fn an_acquire_waits_for_a_renewal_in_flight() {
     assert_eq!(holders, [["a"]], "the renewed hold is a's alone");
 }
 
+/// A renewal that found a lease live, then waited for a row lock elsewhere
+/// in its batch while that lease ran out: another call found the hold over
+/// (it only locked its row) and let a writer take the name. The renewal,
+/// once it has the rows, checks each lease again and does not bring the
+/// hold back. Before, it extended the lapsed reader's lease beside the
+/// writer's hold: both held the name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_that_waited_does_not_revive_a_lapsed_hold() {
+    let (server, db, url) = fresh();
+    let connect = || async {
+        let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        c
+    };
+    LockClient::connect(&url).await.unwrap();
+    let tag = unique("revive");
+    // `first` sorts before `shared`: the renewal locks it first.
+    let (first, shared) = (name(&format!("{tag}:a")), name(&format!("{tag}:b")));
+    let acquire = |key: &str, owner: &str, kind: &str, lease_ms: u32| {
+        format!(
+            "SELECT status FROM lock_acquire_v1('{key}', '{owner}', '{kind}', 0, {lease_ms}, \
+             NULL, false, true, 'lock_x', 86400000)"
+        )
+    };
+    let c = connect().await;
+    for (key, owner, kind, lease) in [
+        (&first, "w", "w", 30_000),
+        (&shared, "r0", "r", 30_000),
+        (&shared, "r1", "r", 400),
+    ] {
+        let took: i32 = c
+            .query_one(&acquire(key, owner, kind, lease), &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(took, 1, "{owner}");
+    }
+    // Someone holds the first name's row (a transaction of the user's).
+    let blocker = connect().await;
+    blocker
+        .batch_execute(&format!(
+            "BEGIN; SELECT 1 FROM lock_holders WHERE name = '{first}' AND slot = 0 FOR UPDATE"
+        ))
+        .await
+        .unwrap();
+    // The watchdog's batch: the first name's writer and r1, while r1 is live.
+    let renewer = connect().await;
+    let renewer_pid: i32 = renewer
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let sql = format!(
+        "SELECT lock_renew_v1(ARRAY['{first}', '{shared}'], ARRAY['w', 'r1'], \
+         ARRAY[30000, 30000]::bigint[])"
+    );
+    let renewed = tokio::spawn(async move {
+        renewer
+            .query(&sql, &[])
+            .await
+            .map(|rows| rows.iter().map(|r| r.get::<_, i64>(0)).collect::<Vec<_>>())
+    });
+    let watcher = connect().await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let waiting: bool = watcher
+            .query_one(
+                "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1",
+                &[&renewer_pid],
+            )
+            .await
+            .unwrap()
+            .get::<_, Option<bool>>(0)
+            .unwrap_or(false);
+        if waiting {
+            break;
+        }
+        assert!(
+            !renewed.is_finished(),
+            "the renewal did not wait for the row"
+        );
+        assert!(Instant::now() < deadline, "the renewal never waited");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // r1's lease runs out (time is the subject: 400 ms, waited 800).
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    // r0 leaves: the name has no live slot but r1's lapsed one, and a
+    // writer takes it (the client's fast path).
+    let left: i32 = c
+        .query_one(
+            &format!("SELECT lock_release_v1('{shared}', 'r0', false)"),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 1);
+    let writer = LockClient::connect(&url).await.unwrap();
+    let held = writer
+        .lock(format!("{tag}:b"))
+        .wait(Duration::ZERO)
+        .await
+        .expect("the writer takes the name once r1's lease is over");
+    blocker.batch_execute("COMMIT").await.unwrap();
+    let renewed = renewed.await.unwrap().unwrap();
+    assert_eq!(renewed, [1], "only the first name's writer is renewed");
+    let live = server.query_in(
+        &db,
+        &format!(
+            "SELECT owner FROM lock_holders WHERE name = '{shared}' \
+             AND lease_end > clock_timestamp() ORDER BY owner"
+        ),
+    );
+    assert_eq!(live.len(), 1, "the writer's hold alone: {live:?}");
+    assert_ne!(live[0][0], "r1", "{live:?}");
+    held.release().await.unwrap();
+}
+
 /// A lock name nobody holds or waits for leaves nothing once its fence row
 /// has expired (fence_ttl after its last acquisition, and no later than
 /// half of it again): later calls sweep it.
