@@ -25,6 +25,35 @@ fn name(key: &str) -> String {
     format!("lock:{{{key}}}")
 }
 
+/// Until session `pid` waits for a row lock, or `call` (its statement)
+/// has answered; fails after 10 s of neither.
+async fn waits_on_a_row_lock<T>(
+    watcher: &tokio_postgres::Client,
+    pid: i32,
+    call: &tokio::task::JoinHandle<T>,
+) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let waiting: bool = watcher
+            .query_one(
+                "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1",
+                &[&pid],
+            )
+            .await
+            .unwrap()
+            .get::<_, Option<bool>>(0)
+            .unwrap_or(false);
+        if waiting || call.is_finished() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the statement neither waited nor answered"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// The acquire function as a client sends it: (status, token).
 fn acquire_sql(server: &PostgresServer, db: &str, key: &str, owner: &str) -> (i64, i64) {
     let row = server.query_in(
@@ -378,27 +407,7 @@ async fn an_acquire_waits_for_a_renewal_in_flight() {
     let asked =
         tokio::spawn(async move { b.query_one(&sql, &[]).await.map(|r| r.get::<_, i32>(0)) });
     // The acquire waits on the renewal's row.
-    let watcher = connect().await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let waiting: bool = watcher
-            .query_one(
-                "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1",
-                &[&b_pid],
-            )
-            .await
-            .unwrap()
-            .get::<_, Option<bool>>(0)
-            .unwrap_or(false);
-        if waiting || asked.is_finished() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the acquire neither waited nor answered"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    waits_on_a_row_lock(&connect().await, b_pid, &asked).await;
     a.batch_execute("COMMIT").await.unwrap();
     let status = asked.await.unwrap().unwrap();
     assert_eq!(status, 0, "granted over a hold whose renewal was in flight");
@@ -475,28 +484,11 @@ async fn a_renewal_that_waited_does_not_revive_a_lapsed_hold() {
             .await
             .map(|rows| rows.iter().map(|r| r.get::<_, i64>(0)).collect::<Vec<_>>())
     });
-    let watcher = connect().await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let waiting: bool = watcher
-            .query_one(
-                "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1",
-                &[&renewer_pid],
-            )
-            .await
-            .unwrap()
-            .get::<_, Option<bool>>(0)
-            .unwrap_or(false);
-        if waiting {
-            break;
-        }
-        assert!(
-            !renewed.is_finished(),
-            "the renewal did not wait for the row"
-        );
-        assert!(Instant::now() < deadline, "the renewal never waited");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    waits_on_a_row_lock(&connect().await, renewer_pid, &renewed).await;
+    assert!(
+        !renewed.is_finished(),
+        "the renewal did not wait for the row"
+    );
     // r1's lease runs out (time is the subject: 400 ms, waited 800).
     tokio::time::sleep(Duration::from_millis(800)).await;
     // r0 leaves: the name has no live slot but r1's lapsed one, and a
