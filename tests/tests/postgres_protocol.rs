@@ -25,6 +25,15 @@ fn name(key: &str) -> String {
     format!("lock:{{{key}}}")
 }
 
+/// A connection of its own to `url`, outside any lock client.
+async fn session(url: &str) -> tokio_postgres::Client {
+    let (c, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    c
+}
+
 /// Until session `pid` waits for a row lock, or `call` (its statement)
 /// has answered; fails after 10 s of neither.
 async fn waits_on_a_row_lock<T>(
@@ -370,13 +379,7 @@ async fn only_a_release_that_hands_nothing_over_skips_the_flush() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquire_waits_for_a_renewal_in_flight() {
     let (server, db, url) = fresh();
-    let connect = || async {
-        let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(conn);
-        c
-    };
+    let connect = || session(&url);
     // The schema, as a client creates it.
     LockClient::connect(&url).await.unwrap();
     let key = name(&unique("inflight"));
@@ -429,13 +432,7 @@ async fn an_acquire_waits_for_a_renewal_in_flight() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_renewal_that_waited_does_not_revive_a_lapsed_hold() {
     let (server, db, url) = fresh();
-    let connect = || async {
-        let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(conn);
-        c
-    };
+    let connect = || session(&url);
     LockClient::connect(&url).await.unwrap();
     let tag = unique("revive");
     // `first` sorts before `shared`: the renewal locks it first.
