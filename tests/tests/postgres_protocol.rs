@@ -447,7 +447,7 @@ async fn a_renewal_that_waited_does_not_revive_a_lapsed_hold() {
     for (key, owner, kind, lease) in [
         (&first, "w", "w", 30_000),
         (&shared, "r0", "r", 30_000),
-        (&shared, "r1", "r", 400),
+        (&shared, "r1", "r", 1_500),
     ] {
         let took: i32 = c
             .query_one(&acquire(key, owner, kind, lease), &[])
@@ -486,8 +486,20 @@ async fn a_renewal_that_waited_does_not_revive_a_lapsed_hold() {
         !renewed.is_finished(),
         "the renewal did not wait for the row"
     );
-    // r1's lease runs out (time is the subject: 400 ms, waited 800).
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    // The renewal found r1 live (it waits with r1 in its batch), and r1's
+    // lease now runs out: watched on the database's clock.
+    let r1_live = format!(
+        "SELECT count(*) FROM lock_holders WHERE name = '{shared}' AND owner = 'r1' \
+         AND lease_end > clock_timestamp()"
+    );
+    let r1_is_live = || async { c.query_one(&r1_live, &[]).await.unwrap().get::<_, i64>(0) == 1 };
+    assert!(
+        r1_is_live().await,
+        "r1 lapsed before the renewal waited: too slow to test"
+    );
+    while r1_is_live().await {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     // r0 leaves: the name has no live slot but r1's lapsed one, and a
     // writer takes it (the client's fast path).
     let left: i32 = c
