@@ -56,9 +56,10 @@ BEGIN
     -- A renewal in flight of a hold whose lease looks over: wait for it,
     -- so that the read below sees its new lease, and hold the row, so that
     -- a renewal after this finds the lease over (lock_renew_v1 checks
-    -- again once it holds the row).
+    -- again once it holds the row). This owner's own slot (a resend) is
+    -- locked with them, in slot order as renewals lock, not after them.
     PERFORM 1 FROM lock_holders
-     WHERE name = p_name AND owner <> '' AND lease_end <= v_now
+     WHERE name = p_name AND (owner = p_owner OR (owner <> '' AND lease_end <= v_now))
      ORDER BY slot
        FOR NO KEY UPDATE;
 

@@ -423,6 +423,84 @@ async fn an_acquire_waits_for_a_renewal_in_flight() {
     assert_eq!(holders, [["a"]], "the renewed hold is a's alone");
 }
 
+/// An acquire sent again (its reply lost) by an owner whose hold is live,
+/// while its watchdog's renewal holds that hold's row and goes on to a
+/// lapsed hold of the same name: the acquire locks the owner's slot and
+/// the lapsed ones in slot order, as the renewal does, so it waits for the
+/// renewal instead of holding the lapsed slot the renewal needs. Before,
+/// it locked the lapsed slot first, then waited for its own: a deadlock,
+/// which the server broke after `deadlock_timeout` by failing one of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resent_acquire_and_a_renewal_lock_in_one_order() {
+    let (_server, _db, url) = fresh();
+    LockClient::connect(&url).await.unwrap();
+    let key = name(&unique("order"));
+    let acquire = |owner: &str, lease_ms: u32| {
+        format!(
+            "SELECT status FROM lock_acquire_v1('{key}', '{owner}', 'r', 0, {lease_ms}, \
+             NULL, false, true, 'lock_x', 86400000)"
+        )
+    };
+    let c = session(&url).await;
+    // Readers in slots 0, 1 and 2; y's lease is short.
+    for (owner, lease) in [("z", 30_000), ("x", 30_000), ("y", 300)] {
+        let took: i32 = c
+            .query_one(&acquire(owner, lease), &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(took, 1, "{owner}");
+    }
+    let y_live = format!(
+        "SELECT count(*) FROM lock_holders WHERE name = '{key}' AND owner = 'y' \
+         AND lease_end > clock_timestamp()"
+    );
+    while c.query_one(&y_live, &[]).await.unwrap().get::<_, i64>(0) == 1 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // x's renewal has x's row...
+    let renewal = session(&url).await;
+    renewal
+        .batch_execute(&format!(
+            "BEGIN; UPDATE lock_holders SET lease_end = clock_timestamp() + interval '30 s' \
+             WHERE name = '{key}' AND owner = 'x'"
+        ))
+        .await
+        .unwrap();
+    // ...when x's acquire comes again.
+    let resend = session(&url).await;
+    let pid: i32 = resend
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let sql = acquire("x", 30_000);
+    let resent = tokio::spawn(async move {
+        resend
+            .query_one(&sql, &[])
+            .await
+            .map(|r| r.get::<_, i32>(0))
+    });
+    waits_on_a_row_lock(&session(&url).await, pid, &resent).await;
+    // The renewal goes on to y's lapsed row, and commits.
+    let next = renewal
+        .execute(
+            &format!(
+                "UPDATE lock_holders SET lease_end = lease_end \
+                 WHERE name = '{key}' AND owner = 'y'"
+            ),
+            &[],
+        )
+        .await;
+    assert!(next.is_ok(), "the renewal failed: {next:?}");
+    renewal.batch_execute("COMMIT").await.unwrap();
+    let status = resent.await.unwrap();
+    assert!(
+        matches!(status, Ok(2)),
+        "the resent acquire did not find its hold: {status:?}"
+    );
+}
+
 /// A renewal that found a lease live, then waited for a row lock elsewhere
 /// in its batch while that lease ran out: another call found the hold over
 /// (it only locked its row) and let a writer take the name. The renewal,
