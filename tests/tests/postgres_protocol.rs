@@ -796,7 +796,14 @@ async fn clear_errors_in_bounded_time() {
         "ALTER ROLE app SET statement_timeout = '50ms'; \
          ALTER ROLE app SET idle_in_transaction_session_timeout = '50ms'",
     );
-    let app = quick().connect(&url_with("app", "pw", &db)).await.unwrap();
+    // (Connecting opens the pool's 8 connections, each a password
+    // handshake, here in a debug build beside the other lanes: more than
+    // the failing cases' 1 s may pass on a loaded machine.)
+    let app = quick()
+        .connect_timeout(Duration::from_secs(10))
+        .connect(&url_with("app", "pw", &db))
+        .await
+        .unwrap();
     for _ in 0..3 {
         let g = app
             .lock("k")
