@@ -26,6 +26,8 @@ mod command_costs;
 mod cost;
 #[path = "locks/deployments.rs"]
 mod deployments;
+#[path = "locks/fenced_floors.rs"]
+mod fenced_floors;
 #[path = "locks/grant_tap.rs"]
 mod grant_tap;
 #[path = "locks/handoff.rs"]

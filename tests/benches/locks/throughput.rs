@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::captured::Captured;
 use crate::command_costs::CommandCosts;
+use crate::fenced_floors::{Floors, Kind};
 use crate::latency::{empty_body, rslock_cycle};
 use crate::report::Report;
 use crate::servers;
@@ -146,6 +147,8 @@ pub fn run(ctx: &Ctx, report: &mut Report) {
     let mut bare = Vec::new();
     let mut py_err = None;
     let attr_ok = ctx.rt.block_on(empty_body(u64::MAX - 1)).unwrap_or(false);
+    let floors = ctx.rt.block_on(Floors::connect(port));
+    let mut fenced_floors: Vec<Vec<Window>> = vec![Vec::new(); Kind::ALL.len()];
     for r in 0..rounds {
         match redis_benchmark(port, &ctx.acquire, bench_requests) {
             Ok(x) => ceiling.push(x),
@@ -188,6 +191,16 @@ pub fn run(ctx: &Ctx, report: &mut Report) {
             let mgr = mgr.clone();
             async move { rslock_cycle(&mgr, &format!("c3:rslock:{r}:{t}"), k).await }
         })));
+        for (i, kind) in Kind::ALL.into_iter().enumerate() {
+            let floors = floors.clone();
+            fenced_floors[i].push(ctx.rt.block_on(run_tasks(port, warm, window, move |t, k| {
+                let floors = floors.clone();
+                async move {
+                    let key = format!("c3:floor{i}:{r}:{t}:{k}");
+                    floors.cycle(kind, &key, &key).await
+                }
+            })));
+        }
         if let Some(p) = &ctx.py {
             match p.run(
                 port,
@@ -318,6 +331,14 @@ pub fn run(ctx: &Ctx, report: &mut Report) {
         },
         row("rslock", &rs, rs_cpu, rs_client),
     ];
+    for (kind, windows) in Kind::ALL.into_iter().zip(&fenced_floors) {
+        rows.push(row(
+            kind.describe(),
+            &rate(windows),
+            cpu_us(windows),
+            client_us(windows),
+        ));
+    }
     let na = |name: String| {
         let mut r = vec![name];
         r.extend(std::iter::repeat_n("n/a".to_owned(), 5));
@@ -346,6 +367,16 @@ pub fn run(ctx: &Ctx, report: &mut Report) {
          process's user + system CPU (`getrusage(RUSAGE_SELF)`) over the same window ÷ cycles (the Rust contenders \
          run one at a time; redis-py is another process, not counted). Case 9 has both on Redis and Valkey, \
          fenced and unfenced, fresh and reused keys, with the commands behind them.",
+    );
+    report.para(
+        "The fenced floors are the smallest fenced locks one could write by hand, on one multiplexed \
+         connection as rslock uses (`locks/fenced_floors.rs`): each hands out a token with the grant and \
+         releases with rslock's compare-and-delete script, and none has a queue, a hand-off, a watchdog or a \
+         check against a command sent twice. The first two give tokens from a bare `INCR`: a counter that \
+         loses increments (a failover, a restart without persistence) hands out tokens already used, which \
+         ours, floored at the server's clock, never does (docs/FENCING.md). The third runs our fenced \
+         acquire's commands with nothing checked. They bound what any fenced lock on this server reaches \
+         against rslock's unfenced one.",
     );
     let ours = mean(&manual);
     report.target(
@@ -378,6 +409,29 @@ pub fn run(ctx: &Ctx, report: &mut Report) {
         },
         ours.zip(rs_rate).map(|(o, r)| o >= r),
     );
+    // Ours against the fenced floors: what a fenced lock with each token
+    // reaches here at all.
+    let floor_rate = |kind: Kind| {
+        Kind::ALL
+            .iter()
+            .position(|&k| k == kind)
+            .and_then(|i| mean(&rate(&fenced_floors[i])))
+    };
+    let floors = match (
+        ours,
+        rs_rate,
+        floor_rate(Kind::ClockFloor),
+        floor_rate(Kind::Incr),
+    ) {
+        (Some(o), Some(r), Some(clock), Some(incr)) => format!(
+            "Fenced locks by hand reach {:.2}× rslock with our token (floored at the server's clock) and \
+             {:.2}× with a bare `INCR` (no floor); ours is {:.2}× the first. ",
+            clock / r,
+            incr / r,
+            o / clock
+        ),
+        _ => String::new(),
+    };
     if let (Some(o), Some(r), Some(oc), Some(rc)) = (ours, rs_rate, manual_cpu, rs_cpu) {
         report.why(format!(
             "the client and Redis share this machine's 2 cores, and Redis does the larger share of the work: \
@@ -385,8 +439,8 @@ pub fn run(ctx: &Ctx, report: &mut Report) {
              and spent {oc:.1} µs of CPU per cycle on ours against {rc:.1} µs on rslock's ({:.2}×). Per \
              cycle, ours ran {manual_commands}; rslock ran {rs_commands} (calls × µs per call, `INFO \
              commandstats`). At rslock's Redis CPU per cycle ours would reach about {} cycles/s ({:.2}× \
-             rslock). What would meet it: Redis work per cycle at rslock's level (case 9 has it fenced and \
-             unfenced, on Redis and Valkey), or spreading keys over more Redis cores (Cluster).",
+             rslock). {floors}What would meet it: Redis work per cycle at rslock's level (case 9 has it \
+             fenced and unfenced, on Redis and Valkey), or spreading keys over more Redis cores (Cluster).",
             100.0 * o * oc / 1e6,
             100.0 * r * rc / 1e6,
             oc / rc,
