@@ -52,8 +52,8 @@ impl Kind {
 }
 
 const INCR: &str = "local t = redis.call('incr', KEYS[2])
-if redis.call('set', KEYS[1], ARGV[1] .. ' ' .. t, 'NX', 'PX', ARGV[2]) then return t end
-return 0";
+if redis.call('set', KEYS[1], ARGV[1] .. ' ' .. t, 'NX', 'PX', ARGV[2]) then return {1, t} end
+return {0, 0}";
 
 const CLOCK_FLOOR: &str = "local t = redis.call('time')
 local us = t[2]
@@ -106,18 +106,6 @@ impl Floors {
         let mut conn = self.conn.clone();
         let [incr, clock, release] = &*self.scripts;
         let value = match kind {
-            Kind::Incr => {
-                let token: u64 = incr
-                    .key(key)
-                    .key(kind.counter())
-                    .arg(owner)
-                    .arg(LEASE_MS)
-                    .invoke_async(&mut conn)
-                    .await
-                    .expect("fenced floor (INCR) acquire");
-                assert!(token > 0, "a fresh key was busy");
-                format!("{owner} {token}")
-            }
             Kind::Transaction => {
                 let (token, set): (u64, Option<String>) = redis::pipe()
                     .atomic()
@@ -134,16 +122,17 @@ impl Floors {
                 assert!(token > 0 && set.is_some(), "a fresh key was busy");
                 owner.to_owned()
             }
-            Kind::ClockFloor => {
-                let (taken, token): (u8, String) = clock
+            Kind::Incr | Kind::ClockFloor => {
+                let script = if kind == Kind::Incr { incr } else { clock };
+                let (taken, token): (u8, u64) = script
                     .key(key)
                     .key(kind.counter())
                     .arg(owner)
                     .arg(LEASE_MS)
                     .invoke_async(&mut conn)
                     .await
-                    .expect("fenced floor (clock) acquire");
-                assert_eq!(taken, 1, "a fresh key was busy");
+                    .expect("fenced floor acquire");
+                assert!(taken == 1 && token > 0, "a fresh key was busy");
                 format!("{owner} {token}")
             }
         };
