@@ -532,6 +532,8 @@ impl LockRequest {
         let mut waiter: Option<Waiter> = None;
         // When a release's wake-up last ended a wait.
         let mut woken: Option<Instant> = None;
+        // Subscriptions that failed in a row.
+        let mut unheard = 0u32;
         let gave_up = |e: Fault, acq: &Acquiring<Instant>, key: &str| -> LockError {
             if acq.ends_as_timeout() {
                 tracing::debug!(key = %key, error = %e, "lock busy; giving up (the last attempt failed)");
@@ -677,7 +679,8 @@ impl LockRequest {
                         }
                     }
                     Some(Err(e)) => {
-                        tracing::debug!(key = %key, error = %e, "cannot listen for releases; retrying on a timer");
+                        unheard += 1;
+                        tracing::debug!(key = %key, error = %e, failures = unheard, "cannot listen for releases; asking again soon");
                     }
                     None => continue,
                 }
@@ -685,6 +688,15 @@ impl LockRequest {
             let mut nap = unsure
                 .acq
                 .nap(ttl, lease, Instant::now(), fastrand::f64(), &timing);
+            if waiter.is_none() {
+                // Unheard, a release would pass this waiter over: the next
+                // attempt listens again soon.
+                nap = unsure
+                    .acq
+                    .nap_unheard(nap, unheard, fastrand::f64(), &timing);
+            } else {
+                unheard = 0;
+            }
             if let Some(at) = woken.filter(|_| client.inner.backend.releases_node_by_node()) {
                 nap = Acquiring::nap_after_wake(nap, at, Instant::now(), &timing);
             }

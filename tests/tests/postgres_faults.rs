@@ -1,8 +1,8 @@
 //! The PostgreSQL engine under faults, against real servers: a holder
 //! killed, the server paused, connections terminated under held locks,
 //! replies lost after their statement ran, an immediate-stop crash (under
-//! holds and under a parked waiter), lost token counters, and a failover to
-//! a synchronous standby.
+//! holds and under a parked waiter), a waiter that could not listen, lost
+//! token counters, and a failover to a synchronous standby.
 //!
 //! Double holders are counted in the bodies: every client is a
 //! `LockClient` of its own in this process, so a body that finds another
@@ -40,6 +40,34 @@ fn holds_of(pg: &PostgresServer, db: &str, key: &str) -> Vec<(i64, i64)> {
     .into_iter()
     .map(|r| (r[0].parse().unwrap(), r[1].parse().unwrap()))
     .collect()
+}
+
+/// Wait (up to 15 s) until the lock named after `key` has one waiter
+/// queued and a listening session is recorded that is alive: a release
+/// then hands the waiter the lock. What was seen last, if not.
+fn listening_again(pg: &PostgresServer, db: &str, key: &str) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let listeners = pg.query_in(
+            db,
+            "SELECT count(*) FROM lock_listeners l, pg_stat_get_activity(l.pid) s \
+             WHERE s.backend_start = l.started",
+        );
+        let waiting = pg.query_in(
+            db,
+            &format!(
+                "SELECT count(*) FROM lock_waiters WHERE name LIKE {}",
+                tests::postgres::quote_literal(&format!("%{key}%"))
+            ),
+        );
+        if listeners[0][0] != "0" && waiting[0][0] == "1" {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("{listeners:?} live listeners, {waiting:?} waiting"));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// A holder process killed with SIGKILL: its lock is taken by a waiter
@@ -514,30 +542,11 @@ fn a_waiter_parked_across_a_server_crash_is_handed_the_lock() {
     // The waiter's session is gone: it asks again, and parks once its new
     // listening session is recorded. Until then a release would pass it
     // over; this waits for the event, not for time.
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let listeners = pg.query_in(
-            "postgres",
-            "SELECT count(*) FROM lock_listeners l, pg_stat_get_activity(l.pid) s \
-             WHERE s.backend_start = l.started",
-        );
-        let waiting = pg.query_in(
-            "postgres",
-            &format!(
-                "SELECT count(*) FROM lock_waiters WHERE name LIKE {}",
-                tests::postgres::quote_literal(&format!("%{key}%"))
-            ),
-        );
-        if listeners[0][0] != "0" && waiting[0][0] == "1" {
-            break;
-        }
-        if Instant::now() > deadline {
-            let ended = waiter
-                .is_finished()
-                .then(|| rt.block_on(waiter).unwrap().err());
-            panic!("after the crash: {listeners:?} live listeners, {waiting:?} waiting; the waiter ended: {ended:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    if let Err(seen) = listening_again(&pg, "postgres", &key) {
+        let ended = waiter
+            .is_finished()
+            .then(|| rt.block_on(waiter).unwrap().err());
+        panic!("after the crash: {seen}; the waiter ended: {ended:?}");
     }
     parked("after the crash");
     let released = Instant::now();
@@ -549,6 +558,79 @@ fn a_waiter_parked_across_a_server_crash_is_handed_the_lock() {
         .expect("the waiter was handed the lock");
     let after = granted.saturating_duration_since(released);
     println!("granted {after:?} after the release");
+    assert!(
+        after < Duration::from_secs(10),
+        "granted {after:?} after the release: by asking again, not by its grant"
+    );
+}
+
+/// A waiter whose client cannot listen for a moment (here
+/// `lock_listen_v1` fails, as a session refused under load would) asks
+/// again soon and listens then, and the next release hands it the lock by
+/// its grant. Before, it napped the holder's lease unheard (at most
+/// `retry_delay`, 30 s here), and the release passed it over.
+#[test]
+fn a_waiter_that_could_not_listen_listens_again_soon() {
+    let rt = rt();
+    let pg = PostgresServer::shared();
+    let db = pg.fresh_database();
+    let url = pg.url_for(&db);
+    let (a, b) = rt.block_on(async {
+        let a = LockClient::connect(&url).await.unwrap();
+        let b = LockClient::builder()
+            .retry_delay(Duration::from_secs(30))
+            .connect(&url)
+            .await
+            .unwrap();
+        (a, b)
+    });
+    let key = unique("pgunheard");
+    let held = rt
+        .block_on(a.lock(&key).lease(Duration::from_secs(20)).into_future())
+        .unwrap();
+    // Listening fails, and each try is counted (a sequence is not rolled
+    // back with the failed statement).
+    pg.query_in(
+        &db,
+        "CREATE SEQUENCE listen_tries; \
+         ALTER FUNCTION lock_listen_v1(text) RENAME TO lock_listen_v1_kept; \
+         CREATE FUNCTION lock_listen_v1(p_channel text) RETURNS void LANGUAGE plpgsql AS \
+         $$ BEGIN PERFORM nextval('listen_tries'); RAISE EXCEPTION 'listening refused'; END $$",
+    );
+    let waiter = rt.spawn({
+        let (b, key) = (b.clone(), key.clone());
+        async move {
+            let g = b.lock(&key).wait(Duration::from_secs(25)).await?;
+            let at = Instant::now();
+            g.release().await?;
+            Ok::<_, LockError>(at)
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while pg.query_in(&db, "SELECT is_called FROM listen_tries")[0][0] != "t" {
+        assert!(
+            Instant::now() < deadline,
+            "the waiter never tried to listen"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    pg.query_in(
+        &db,
+        "DROP FUNCTION lock_listen_v1(text); \
+         ALTER FUNCTION lock_listen_v1_kept(text) RENAME TO lock_listen_v1",
+    );
+    if let Err(seen) = listening_again(pg, &db, &key) {
+        panic!("after a failed subscription: {seen}: the waiter did not listen again");
+    }
+    let released = Instant::now();
+    rt.block_on(held.release()).expect("release");
+    let granted = rt
+        .block_on(waiter)
+        .unwrap()
+        .expect("the waiter was handed the lock");
+    let after = granted.saturating_duration_since(released);
+    let tries = &pg.query_in(&db, "SELECT last_value FROM listen_tries")[0][0];
+    println!("granted {after:?} after the release; {tries} failed subscriptions");
     assert!(
         after < Duration::from_secs(10),
         "granted {after:?} after the release: by asking again, not by its grant"

@@ -242,11 +242,7 @@ impl<I: Moment> Acquiring<I> {
     /// up: the last attempt goes then, so a call uses all its wait. `None`:
     /// that point has come, so it gives up now.
     pub fn pause(&self, now: I, jitter: f64, t: &Timing) -> Option<Duration> {
-        let cap = t.retry_delay.max(Duration::from_millis(1));
-        let base =
-            Duration::from_millis(20) * (1u32 << self.failures.clamp(1, 7).saturating_sub(1));
-        let base = base.min(cap);
-        let pause = base + base.mul_f64(jitter / 2.0);
+        let pause = backoff(self.failures, jitter, t);
         let end = self.give_up_at();
         if now >= end {
             return None;
@@ -314,6 +310,16 @@ impl<I: Moment> Acquiring<I> {
         nap.min((t.op_timeout / 4).max(Duration::from_millis(1)))
     }
 
+    /// The nap after a busy answer when listening for releases failed,
+    /// `failures` times in a row: no longer than the pause after as many
+    /// failed attempts, so that the next attempt listens again soon. A
+    /// release serves only waiters whose client listens; a waiter that
+    /// napped the holder's lease unheard would be passed over, and take the
+    /// lock only by asking after it.
+    pub fn nap_unheard(&self, nap: Duration, failures: u32, jitter: f64, t: &Timing) -> Duration {
+        nap.min(backoff(failures, jitter, t))
+    }
+
     /// A hand-off grant stamped `at` reached this request; `confirming`:
     /// the backend wants it confirmed by an attempt.
     pub fn on_grant(&self, at: Stamp<I>, confirming: bool) -> OnGrant<I> {
@@ -327,6 +333,16 @@ impl<I: Moment> Acquiring<I> {
             from: lease_start(self.started, self.queued_at, at),
         }
     }
+}
+
+/// The pause after the `failures`-th failure in a row: 20 ms doubling, at
+/// most the retry delay, plus up to half of it at random (`jitter` in
+/// [0, 1)).
+fn backoff(failures: u32, jitter: f64, t: &Timing) -> Duration {
+    let cap = t.retry_delay.max(Duration::from_millis(1));
+    let base = Duration::from_millis(20) * (1u32 << failures.clamp(1, 7).saturating_sub(1));
+    let base = base.min(cap);
+    base + base.mul_f64(jitter / 2.0)
 }
 
 #[cfg(test)]
@@ -351,6 +367,27 @@ mod tests {
         // Never longer than the nap.
         let short = Duration::from_millis(10);
         assert_eq!(Acquiring::nap_after_wake(short, Ms(0), Ms(0), &T), short);
+    }
+
+    #[test]
+    fn a_waiter_that_could_not_listen_asks_again_soon_and_backs_off() {
+        let a = Acquiring::new(Ms(0), Ms(10_000), T.op_timeout);
+        let nap = Duration::from_millis(9_000);
+        let first = a.nap_unheard(nap, 1, 0.0, &T);
+        assert_eq!(first, Duration::from_millis(20));
+        // Doubling with each failure in a row, up to the retry delay (and
+        // up to half of it again at random): a subscription that keeps
+        // failing ends at the pace of attempts that keep failing.
+        let fourth = a.nap_unheard(nap, 4, 0.0, &T);
+        assert_eq!(fourth, Duration::from_millis(160));
+        let many = a.nap_unheard(nap, 30, 0.999, &T);
+        assert!(
+            many >= T.retry_delay && many <= T.retry_delay * 3 / 2,
+            "{many:?}"
+        );
+        // Never longer than the nap.
+        let short = Duration::from_millis(5);
+        assert_eq!(a.nap_unheard(short, 1, 0.0, &T), short);
     }
 
     #[test]
