@@ -673,6 +673,7 @@ impl LockRequest {
                 };
                 match out {
                     Some(Ok((w, waits))) => {
+                        unheard = 0;
                         waiter = Some(w);
                         if !waits {
                             continue;
@@ -694,8 +695,6 @@ impl LockRequest {
                 nap = unsure
                     .acq
                     .nap_unheard(nap, unheard, fastrand::f64(), &timing);
-            } else {
-                unheard = 0;
             }
             if let Some(at) = woken.filter(|_| client.inner.backend.releases_node_by_node()) {
                 nap = Acquiring::nap_after_wake(nap, at, Instant::now(), &timing);

@@ -242,7 +242,7 @@ impl<I: Moment> Acquiring<I> {
     /// up: the last attempt goes then, so a call uses all its wait. `None`:
     /// that point has come, so it gives up now.
     pub fn pause(&self, now: I, jitter: f64, t: &Timing) -> Option<Duration> {
-        let pause = backoff(self.failures, jitter, t);
+        let pause = backoff(self.failures, 7, jitter, t);
         let end = self.give_up_at();
         if now >= end {
             return None;
@@ -317,7 +317,7 @@ impl<I: Moment> Acquiring<I> {
     /// napped the holder's lease unheard would be passed over, and take the
     /// lock only by asking after it.
     pub fn nap_unheard(&self, nap: Duration, failures: u32, jitter: f64, t: &Timing) -> Duration {
-        nap.min(backoff(failures, jitter, t))
+        nap.min(backoff(failures, 32, jitter, t))
     }
 
     /// A hand-off grant stamped `at` reached this request; `confirming`:
@@ -335,12 +335,14 @@ impl<I: Moment> Acquiring<I> {
     }
 }
 
-/// The pause after the `failures`-th failure in a row: 20 ms doubling, at
-/// most the retry delay, plus up to half of it at random (`jitter` in
-/// [0, 1)).
-fn backoff(failures: u32, jitter: f64, t: &Timing) -> Duration {
+/// The pause after the `failures`-th failure in a row: 20 ms doubling (for
+/// at most `steps` failures), at most the retry delay, plus up to half of
+/// it at random (`jitter` in [0, 1)).
+fn backoff(failures: u32, steps: u32, jitter: f64, t: &Timing) -> Duration {
     let cap = t.retry_delay.max(Duration::from_millis(1));
-    let base = Duration::from_millis(20) * (1u32 << failures.clamp(1, 7).saturating_sub(1));
+    let doublings = failures.clamp(1, steps.clamp(1, 32)) - 1;
+    let base =
+        Duration::from_millis(20).saturating_mul(1u32.checked_shl(doublings).unwrap_or(u32::MAX));
     let base = base.min(cap);
     base + base.mul_f64(jitter / 2.0)
 }
@@ -384,6 +386,17 @@ mod tests {
         assert!(
             many >= T.retry_delay && many <= T.retry_delay * 3 / 2,
             "{many:?}"
+        );
+        // Past failed attempts' 1.28 s as well: a subscription that keeps
+        // failing comes back to the nap's pace, with a long retry delay too.
+        let long = Timing {
+            retry_delay: Duration::from_secs(30),
+            ..T
+        };
+        assert_eq!(a.nap_unheard(nap, 30, 0.0, &long), nap);
+        assert_eq!(
+            a.nap_unheard(nap, 9, 0.0, &long),
+            Duration::from_millis(5_120)
         );
         // Never longer than the nap.
         let short = Duration::from_millis(5);
