@@ -70,6 +70,70 @@ fn listening_again(pg: &PostgresServer, db: &str, key: &str) -> Result<(), Strin
     }
 }
 
+/// Two clients on `url`: a holder's, and a waiter's that asks again only
+/// every 30 s, so that a waiter served within seconds was served by its
+/// grant.
+fn holder_and_waiter_clients(rt: &tokio::runtime::Runtime, url: &str) -> (LockClient, LockClient) {
+    rt.block_on(async {
+        let a = LockClient::connect(url).await.unwrap();
+        let b = LockClient::builder()
+            .retry_delay(Duration::from_secs(30))
+            .connect(url)
+            .await
+            .unwrap();
+        (a, b)
+    })
+}
+
+/// A key `a` holds for 20 s, and a task of `b` waiting up to 25 s for it
+/// that answers when it got it.
+fn hold_and_wait(
+    rt: &tokio::runtime::Runtime,
+    a: &LockClient,
+    b: &LockClient,
+    prefix: &str,
+) -> (
+    String,
+    lock_runtime::LockGuard,
+    tokio::task::JoinHandle<Result<Instant, LockError>>,
+) {
+    let key = unique(prefix);
+    let held = rt
+        .block_on(a.lock(&key).lease(Duration::from_secs(20)).into_future())
+        .unwrap();
+    let waiter = rt.spawn({
+        let (b, key) = (b.clone(), key.clone());
+        async move {
+            let g = b.lock(&key).wait(Duration::from_secs(25)).await?;
+            let at = Instant::now();
+            g.release().await?;
+            Ok::<_, LockError>(at)
+        }
+    });
+    (key, held, waiter)
+}
+
+/// Release `held` and return how soon after it the waiter had the lock,
+/// which must be by its grant: well within its 30 s `retry_delay`.
+fn handed_over(
+    rt: &tokio::runtime::Runtime,
+    held: lock_runtime::LockGuard,
+    waiter: tokio::task::JoinHandle<Result<Instant, LockError>>,
+) -> Duration {
+    let released = Instant::now();
+    rt.block_on(held.release()).expect("the hold was kept");
+    let granted = rt
+        .block_on(waiter)
+        .unwrap()
+        .expect("the waiter was handed the lock");
+    let after = granted.saturating_duration_since(released);
+    assert!(
+        after < Duration::from_secs(10),
+        "granted {after:?} after the release: by asking again, not by its grant"
+    );
+    after
+}
+
 /// A holder process killed with SIGKILL: its lock is taken by a waiter
 /// only once its lease has run out by the database's clock (the waiter's
 /// hold starts after the dead one's lease end), and soon after.
@@ -508,28 +572,8 @@ fn a_waiter_parked_across_a_server_crash_is_handed_the_lock() {
     let rt = rt();
     let mut pg = PostgresServer::options().durable().start();
     let url = pg.url();
-    let (a, b) = rt.block_on(async {
-        let a = LockClient::connect(&url).await.unwrap();
-        let b = LockClient::builder()
-            .retry_delay(Duration::from_secs(30))
-            .connect(&url)
-            .await
-            .unwrap();
-        (a, b)
-    });
-    let key = unique("pglisten");
-    let held = rt
-        .block_on(a.lock(&key).lease(Duration::from_secs(20)).into_future())
-        .unwrap();
-    let waiter = rt.spawn({
-        let (b, key) = (b.clone(), key.clone());
-        async move {
-            let g = b.lock(&key).wait(Duration::from_secs(25)).await?;
-            let at = Instant::now();
-            g.release().await?;
-            Ok::<_, LockError>(at)
-        }
-    });
+    let (a, b) = holder_and_waiter_clients(&rt, &url);
+    let (key, held, waiter) = hold_and_wait(&rt, &a, &b, "pglisten");
     let parked = |what: &str| {
         let deadline = Instant::now() + Duration::from_secs(15);
         while b.waiting_here(&key) != 1 {
@@ -549,19 +593,8 @@ fn a_waiter_parked_across_a_server_crash_is_handed_the_lock() {
         panic!("after the crash: {seen}; the waiter ended: {ended:?}");
     }
     parked("after the crash");
-    let released = Instant::now();
-    rt.block_on(held.release())
-        .expect("the hold survived the crash");
-    let granted = rt
-        .block_on(waiter)
-        .unwrap()
-        .expect("the waiter was handed the lock");
-    let after = granted.saturating_duration_since(released);
+    let after = handed_over(&rt, held, waiter);
     println!("granted {after:?} after the release");
-    assert!(
-        after < Duration::from_secs(10),
-        "granted {after:?} after the release: by asking again, not by its grant"
-    );
 }
 
 /// A waiter whose client cannot listen for a moment (here
@@ -575,19 +608,7 @@ fn a_waiter_that_could_not_listen_listens_again_soon() {
     let pg = PostgresServer::shared();
     let db = pg.fresh_database();
     let url = pg.url_for(&db);
-    let (a, b) = rt.block_on(async {
-        let a = LockClient::connect(&url).await.unwrap();
-        let b = LockClient::builder()
-            .retry_delay(Duration::from_secs(30))
-            .connect(&url)
-            .await
-            .unwrap();
-        (a, b)
-    });
-    let key = unique("pgunheard");
-    let held = rt
-        .block_on(a.lock(&key).lease(Duration::from_secs(20)).into_future())
-        .unwrap();
+    let (a, b) = holder_and_waiter_clients(&rt, &url);
     // Listening fails, and each try is counted (a sequence is not rolled
     // back with the failed statement).
     pg.query_in(
@@ -597,15 +618,7 @@ fn a_waiter_that_could_not_listen_listens_again_soon() {
          CREATE FUNCTION lock_listen_v1(p_channel text) RETURNS void LANGUAGE plpgsql AS \
          $$ BEGIN PERFORM nextval('listen_tries'); RAISE EXCEPTION 'listening refused'; END $$",
     );
-    let waiter = rt.spawn({
-        let (b, key) = (b.clone(), key.clone());
-        async move {
-            let g = b.lock(&key).wait(Duration::from_secs(25)).await?;
-            let at = Instant::now();
-            g.release().await?;
-            Ok::<_, LockError>(at)
-        }
-    });
+    let (key, held, waiter) = hold_and_wait(&rt, &a, &b, "pgunheard");
     let deadline = Instant::now() + Duration::from_secs(15);
     while pg.query_in(&db, "SELECT is_called FROM listen_tries")[0][0] != "t" {
         assert!(
@@ -622,17 +635,7 @@ fn a_waiter_that_could_not_listen_listens_again_soon() {
     if let Err(seen) = listening_again(pg, &db, &key) {
         panic!("after a failed subscription: {seen}: the waiter did not listen again");
     }
-    let released = Instant::now();
-    rt.block_on(held.release()).expect("release");
-    let granted = rt
-        .block_on(waiter)
-        .unwrap()
-        .expect("the waiter was handed the lock");
-    let after = granted.saturating_duration_since(released);
+    let after = handed_over(&rt, held, waiter);
     let tries = &pg.query_in(&db, "SELECT last_value FROM listen_tries")[0][0];
     println!("granted {after:?} after the release; {tries} failed subscriptions");
-    assert!(
-        after < Duration::from_secs(10),
-        "granted {after:?} after the release: by asking again, not by its grant"
-    );
 }
