@@ -532,8 +532,6 @@ impl LockRequest {
         let mut waiter: Option<Waiter> = None;
         // When a release's wake-up last ended a wait.
         let mut woken: Option<Instant> = None;
-        // Subscriptions that failed in a row.
-        let mut unheard = 0u32;
         let gave_up = |e: Fault, acq: &Acquiring<Instant>, key: &str| -> LockError {
             if acq.ends_as_timeout() {
                 tracing::debug!(key = %key, error = %e, "lock busy; giving up (the last attempt failed)");
@@ -673,15 +671,15 @@ impl LockRequest {
                 };
                 match out {
                     Some(Ok((w, waits))) => {
-                        unheard = 0;
+                        unsure.acq.listened(true);
                         waiter = Some(w);
                         if !waits {
                             continue;
                         }
                     }
                     Some(Err(e)) => {
-                        unheard += 1;
-                        tracing::debug!(key = %key, error = %e, failures = unheard, "cannot listen for releases; asking again soon");
+                        unsure.acq.listened(false);
+                        tracing::debug!(key = %key, error = %e, failures = unsure.acq.unheard, "cannot listen for releases; asking again soon");
                     }
                     None => continue,
                 }
@@ -692,9 +690,7 @@ impl LockRequest {
             if waiter.is_none() {
                 // Unheard, a release would pass this waiter over: the next
                 // attempt listens again soon.
-                nap = unsure
-                    .acq
-                    .nap_unheard(nap, unheard, fastrand::f64(), &timing);
+                nap = unsure.acq.nap_unheard(nap, fastrand::f64(), &timing);
             }
             if let Some(at) = woken.filter(|_| client.inner.backend.releases_node_by_node()) {
                 nap = Acquiring::nap_after_wake(nap, at, Instant::now(), &timing);

@@ -37,6 +37,8 @@ pub struct Acquiring<I> {
     attempt_end: I,
     /// Failed attempts in a row (the pause doubles with each).
     pub failures: u32,
+    /// Failed subscriptions in a row (the nap after one doubles with each).
+    pub unheard: u32,
     /// An attempt of this owner may have joined the lock's queue.
     pub queued_once: bool,
     /// The last attempt that joined the queue: when it was sent, and the
@@ -120,6 +122,7 @@ impl<I: Moment> Acquiring<I> {
                 .max(started.after(op_timeout)),
             attempt_end: deadline.max(started.after(op_timeout)),
             failures: 0,
+            unheard: 0,
             queued_once: false,
             queued_at: None,
             seen_busy: false,
@@ -310,14 +313,20 @@ impl<I: Moment> Acquiring<I> {
         nap.min((t.op_timeout / 4).max(Duration::from_millis(1)))
     }
 
-    /// The nap after a busy answer when listening for releases failed,
-    /// `failures` times in a row: no longer than the pause after as many
-    /// failed attempts, so that the next attempt listens again soon. A
-    /// release serves only waiters whose client listens; a waiter that
-    /// napped the holder's lease unheard would be passed over, and take the
-    /// lock only by asking after it.
-    pub fn nap_unheard(&self, nap: Duration, failures: u32, jitter: f64, t: &Timing) -> Duration {
-        nap.min(backoff(failures, 32, jitter, t))
+    /// Listening for releases after a busy answer succeeded, or failed once
+    /// more in a row.
+    pub fn listened(&mut self, ok: bool) {
+        self.unheard = if ok { 0 } else { self.unheard + 1 };
+    }
+
+    /// The nap after a busy answer when listening for releases failed
+    /// (`unheard` times in a row): 20 ms doubling up to the retry delay,
+    /// so that the next attempt listens again soon. A release serves only
+    /// waiters whose client listens; a waiter that napped the holder's
+    /// lease unheard would be passed over, and take the lock only by asking
+    /// after it.
+    pub fn nap_unheard(&self, nap: Duration, jitter: f64, t: &Timing) -> Duration {
+        nap.min(backoff(self.unheard, 32, jitter, t))
     }
 
     /// A hand-off grant stamped `at` reached this request; `confirming`:
@@ -336,13 +345,12 @@ impl<I: Moment> Acquiring<I> {
 }
 
 /// The pause after the `failures`-th failure in a row: 20 ms doubling (for
-/// at most `steps` failures), at most the retry delay, plus up to half of
-/// it at random (`jitter` in [0, 1)).
+/// at most `steps` failures, `steps` ≤ 32), at most the retry delay, plus
+/// up to half of it at random (`jitter` in [0, 1)).
 fn backoff(failures: u32, steps: u32, jitter: f64, t: &Timing) -> Duration {
     let cap = t.retry_delay.max(Duration::from_millis(1));
-    let doublings = failures.clamp(1, steps.clamp(1, 32)) - 1;
-    let base =
-        Duration::from_millis(20).saturating_mul(1u32.checked_shl(doublings).unwrap_or(u32::MAX));
+    let doublings = failures.clamp(1, steps) - 1;
+    let base = Duration::from_millis(20).saturating_mul(1 << doublings);
     let base = base.min(cap);
     base + base.mul_f64(jitter / 2.0)
 }
@@ -373,16 +381,21 @@ mod tests {
 
     #[test]
     fn a_waiter_that_could_not_listen_asks_again_soon_and_backs_off() {
-        let a = Acquiring::new(Ms(0), Ms(10_000), T.op_timeout);
+        let mut a = Acquiring::new(Ms(0), Ms(10_000), T.op_timeout);
         let nap = Duration::from_millis(9_000);
-        let first = a.nap_unheard(nap, 1, 0.0, &T);
-        assert_eq!(first, Duration::from_millis(20));
+        let after = |a: &mut Acquiring<Ms>, failures: u32, jitter: f64, t: &Timing| {
+            a.listened(true);
+            for _ in 0..failures {
+                a.listened(false);
+            }
+            a.nap_unheard(nap, jitter, t)
+        };
+        assert_eq!(after(&mut a, 1, 0.0, &T), Duration::from_millis(20));
         // Doubling with each failure in a row, up to the retry delay (and
         // up to half of it again at random): a subscription that keeps
         // failing ends at the pace of attempts that keep failing.
-        let fourth = a.nap_unheard(nap, 4, 0.0, &T);
-        assert_eq!(fourth, Duration::from_millis(160));
-        let many = a.nap_unheard(nap, 30, 0.999, &T);
+        assert_eq!(after(&mut a, 4, 0.0, &T), Duration::from_millis(160));
+        let many = after(&mut a, 30, 0.999, &T);
         assert!(
             many >= T.retry_delay && many <= T.retry_delay * 3 / 2,
             "{many:?}"
@@ -393,14 +406,15 @@ mod tests {
             retry_delay: Duration::from_secs(30),
             ..T
         };
-        assert_eq!(a.nap_unheard(nap, 30, 0.0, &long), nap);
-        assert_eq!(
-            a.nap_unheard(nap, 9, 0.0, &long),
-            Duration::from_millis(5_120)
-        );
+        assert_eq!(after(&mut a, 30, 0.0, &long), nap);
+        assert_eq!(after(&mut a, 9, 0.0, &long), Duration::from_millis(5_120));
+        // A subscription that worked starts the count again.
+        a.listened(true);
+        a.listened(false);
+        assert_eq!(a.nap_unheard(nap, 0.0, &long), Duration::from_millis(20));
         // Never longer than the nap.
         let short = Duration::from_millis(5);
-        assert_eq!(a.nap_unheard(short, 1, 0.0, &T), short);
+        assert_eq!(a.nap_unheard(short, 0.0, &T), short);
     }
 
     #[test]
